@@ -17,6 +17,15 @@ through the planner, neighbourhoods) share work. Contract of :meth:`Batcher.subm
   pending batch, and a batch nobody needs any more is not dispatched, or is cancelled if
   it is already running.
 
+Slot ownership: a batch holds one of the ``max_inflight`` slots from the moment its task
+is created until the task is *done*, whatever happens to it: the slot is returned by the
+task's done-callback, which asyncio runs even for a task cancelled before its first step.
+The same callback fails whatever parts are still waiting, so no request outlives its batch.
+
+Stall: :meth:`Batcher.stalled` is true while work waits or runs and no batch has finished
+(with rows or an error; a cancelled batch does not count) for ``stall_after_s``; the
+service turns the model's health NOT_SERVING and sets ``hopserve_model_stalled`` then.
+
 Deadlines are absolute instants of the event loop's clock (``loop.time()``, monotonic).
 """
 
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -144,6 +154,8 @@ class Batcher:
         max_inflight: Most batches running at once (e.g. the number of workers).
         max_batch_requests: Most requests (parts) per batch; 0 = no limit. ``1`` with
             ``max_wait_s=0`` turns coalescing off: every request is its own job.
+        stall_after_s: How long work may wait or run without any batch finishing before
+            :meth:`stalled` reports the model stalled.
         metrics: Where to record ``hopserve_batch_*``, queue depth and ``queue_wait``.
     """
 
@@ -157,6 +169,7 @@ class Batcher:
         max_queue: int,
         max_inflight: int = 1,
         max_batch_requests: int = 0,
+        stall_after_s: float = 10.0,
         metrics: Metrics | None = None,
     ) -> None:
         if max_batch_targets < 1 or max_queue < 1 or max_inflight < 1 or max_wait_s < 0:
@@ -164,25 +177,43 @@ class Batcher:
                 "max_batch_targets, max_queue and max_inflight must be >= 1 and max_wait_s "
                 f">= 0 (got {max_batch_targets}, {max_queue}, {max_inflight}, {max_wait_s})"
             )
+        if not stall_after_s > 0:
+            raise ValueError(f"stall_after_s must be > 0 (got {stall_after_s})")
         self.model = model
         self._runner = runner
         self.max_batch_targets = int(max_batch_targets)
         self.max_wait_s = float(max_wait_s)
         self.max_queue = int(max_queue)
         self.max_batch_requests = int(max_batch_requests) if max_batch_requests > 0 else None
+        self.max_inflight = int(max_inflight)
+        self.stall_after_s = float(stall_after_s)
         self._metrics = metrics
         self._groups: dict[BatchKey, _Group] = {}
         self._depth = 0
-        self._slots = asyncio.Semaphore(max_inflight)
         self._wakeup = asyncio.Event()
+        # Batch tasks holding a slot: added when created, removed by their done-callback.
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._last_progress = 0.0  # loop.time() of the last finished batch (or idle -> busy)
 
     @property
     def depth(self) -> int:
         """Requests waiting for (some of) their targets to be dispatched."""
         return self._depth
+
+    @property
+    def running(self) -> int:
+        """Batches holding an in-flight slot (dispatched and not yet done)."""
+        return len(self._running)
+
+    def stalled(self, now: float) -> bool:
+        """Whether work waits or runs and no batch has finished for ``stall_after_s``.
+
+        ``now`` is an instant of the event loop's clock (``loop.time()``).
+        """
+        busy = self._depth > 0 or bool(self._running)
+        return busy and now - self._last_progress >= self.stall_after_s
 
     # ------------------------------------------------------------------------ submit
 
@@ -215,6 +246,8 @@ class Batcher:
         if now >= deadline:
             raise DeadlineExceededError(f"model {self.model!r}: deadline exceeded before queueing")
         self._ensure_loop()
+        if self._depth == 0 and not self._running:  # idle until now: nothing is late yet
+            self._last_progress = now
         uniq = np.unique(ids)
         request = _Request(uniq, deadline, now)
         parts = [
@@ -336,28 +369,46 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             self._wakeup.clear()
+            if len(self._running) >= self.max_inflight:  # a done-callback wakes us
+                await self._wakeup.wait()
+                continue
             group, due = self._next_group(loop.time())
             if group is None:
                 timeout = None if due is None else max(0.0, due - loop.time())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 continue
-            await self._slots.acquire()
             try:
                 batch = self._take(group, loop.time())
             except Exception:  # a bug: fail the group rather than hang its requests
                 logger.exception("model %r: cannot form a batch", self.model)
-                batch = None
                 for part in group.parts:
                     if part.live:
                         part.future.set_exception(RuntimeError("batching failed"))
                 group.recount()
-            if batch is None:
-                self._slots.release()
                 continue
-            batch.task = loop.create_task(self._run(group.key, batch))
-            self._running.add(batch.task)
-            batch.task.add_done_callback(self._running.discard)
+            if batch is not None:
+                self._start(group.key, batch)
+
+    def _start(self, key: BatchKey, batch: _Batch) -> None:
+        """Create the batch's task; it holds a slot until its done-callback runs."""
+        task = asyncio.get_running_loop().create_task(self._run(key, batch))
+        batch.task = task
+        self._running.add(task)
+        task.add_done_callback(functools.partial(self._finished, batch))
+
+    def _finished(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+        """Done-callback of a batch task (also of one cancelled before it started):
+        return its slot and fail the parts it leaves unanswered."""
+        self._running.discard(task)
+        if not task.cancelled():
+            self._last_progress = asyncio.get_running_loop().time()
+            if task.exception() is not None:  # _run delivers runner errors itself: a bug
+                logger.error("model %r: batch task failed", self.model, exc_info=task.exception())
+        for part in batch.parts:
+            if part.live:
+                part.future.set_exception(ShuttingDownError("batch cancelled"))
+        self._wakeup.set()
 
     def _take(self, group: _Group, now: float) -> _Batch | None:
         """Pop the parts of the next batch from ``group`` (FIFO, up to the target limit).
@@ -408,39 +459,30 @@ class Batcher:
         return batch
 
     async def _run(self, key: BatchKey, batch: _Batch) -> None:
+        live = [p for p in batch.parts if p.live]
+        if not live:
+            return
+        targets = np.unique(np.concatenate([p.ids for p in live]))
+        deadline = max(p.request.deadline for p in live)
+        num_requests = len({id(p.request) for p in live})
+        if self._metrics is not None:
+            self._metrics.batch_requests.labels(self.model).observe(num_requests)
+            self._metrics.batch_targets.labels(self.model).observe(len(targets))
         try:
-            live = [p for p in batch.parts if p.live]
-            if not live:
-                return
-            targets = np.unique(np.concatenate([p.ids for p in live]))
-            deadline = max(p.request.deadline for p in live)
-            num_requests = len({id(p.request) for p in live})
-            if self._metrics is not None:
-                self._metrics.batch_requests.labels(self.model).observe(num_requests)
-                self._metrics.batch_targets.labels(self.model).observe(len(targets))
-            try:
-                run = await self._runner(targets, key, deadline)
-                if len(run.rows) != len(targets):
-                    raise RuntimeError(
-                        f"batch runner returned {len(run.rows)} rows for {len(targets)} targets"
-                    )
-            except asyncio.CancelledError:
-                for part in batch.parts:
-                    if part.live:
-                        part.future.set_exception(ShuttingDownError("batch cancelled"))
-                raise
-            except Exception as exc:  # delivered to every request of the batch
-                for part in batch.parts:
-                    if part.live:
-                        part.future.set_exception(exc)
-                return
-            run.num_requests = num_requests
+            run = await self._runner(targets, key, deadline)
+            if len(run.rows) != len(targets):
+                raise RuntimeError(
+                    f"batch runner returned {len(run.rows)} rows for {len(targets)} targets"
+                )
+        except Exception as exc:  # delivered to every request of the batch
             for part in batch.parts:
                 if part.live:
-                    part.future.set_result((run.rows[np.searchsorted(targets, part.ids)], run))
-        finally:
-            self._slots.release()
-            self._wakeup.set()
+                    part.future.set_exception(exc)
+            return
+        run.num_requests = num_requests
+        for part in batch.parts:
+            if part.live:
+                part.future.set_result((run.rows[np.searchsorted(targets, part.ids)], run))
 
     def _set_depth(self, depth: int) -> None:
         self._depth = depth

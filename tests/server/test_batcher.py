@@ -321,3 +321,60 @@ def test_max_batch_requests_one_turns_coalescing_off() -> None:
         await batcher.close()
 
     run(main())
+
+
+def test_cancellations_swept_across_the_wait_window_never_leak_a_slot() -> None:
+    """Regression: a caller cancelled between its batch's dispatch and the batch task's
+    first step cancelled the task before it ran, so its in-flight slot was never given
+    back and every later request of the model hung until its deadline."""
+
+    async def main() -> None:
+        runner = FakeRunner(delay=0.002)
+        batcher, _ = make(runner, max_wait_s=0.01, max_inflight=1, max_queue=64)
+        loop = asyncio.get_running_loop()
+        steps = 300
+        for i in range(steps):  # cancel at moments swept across the wait window and beyond
+            task = loop.create_task(batcher.submit(np.array([i % 50]), EXACT, deadline()))
+            await asyncio.sleep(0.015 * i / steps)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        later = [batcher.submit(np.array([i, i + 1]), EXACT, deadline(3.0)) for i in range(20)]
+        replies = await asyncio.gather(*later, return_exceptions=True)
+        answered = [r for r in replies if not isinstance(r, BaseException)]
+        assert len(answered) == 20, [r for r in replies if isinstance(r, BaseException)][:3]
+        assert not batcher.stalled(loop.time())
+
+    run(main())
+
+
+def test_stalled_while_work_waits_and_no_batch_finishes() -> None:
+    async def main() -> None:
+        runner = FakeRunner()
+        runner.gate = asyncio.Event()  # the worker hangs until the gate opens
+        batcher, _ = make(runner, max_wait_s=0.0, max_inflight=1, stall_after_s=0.2)
+        loop = asyncio.get_running_loop()
+        assert not batcher.stalled(loop.time())  # idle is not stalled
+        first = loop.create_task(batcher.submit(np.array([1]), EXACT, deadline()))
+        await runner.started.wait()
+        second = loop.create_task(batcher.submit(np.array([2]), EXACT, deadline()))
+        await asyncio.sleep(0)
+        assert not batcher.stalled(loop.time())
+        await asyncio.sleep(0.25)
+        assert batcher.running == 1 and batcher.depth == 1
+        assert batcher.stalled(loop.time())
+        runner.gate.set()  # the worker answers again
+        await asyncio.gather(first, second)
+        assert not batcher.stalled(loop.time())
+
+    run(main())
+
+
+def test_a_batch_cancelled_before_it_starts_fails_no_one_and_frees_its_slot() -> None:
+    async def main() -> None:
+        runner = FakeRunner()
+        batcher, _ = make(runner, max_wait_s=0.0, max_inflight=1)
+        await batcher.submit(np.array([1]), EXACT, deadline())  # loop running
+        await batcher.close()
+        assert batcher.running == 0
+
+    run(main())
