@@ -158,6 +158,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "operation never fails the request.",
     ),
     MetricSpec(
+        "cache_rejected", "hopserve_cache_rejected_total", "counter",
+        ("model", "backend", "reason"),
+        "Cached values refused by the integrity check and recomputed; reason is format "
+        "(length, format, dtype or width), checksum (MAC does not match key and row) or "
+        "nonfinite (NaN/Inf). Any increase means corruption or tampering in the cache.",
+    ),
+    MetricSpec(
         "cache_operation_duration", "hopserve_cache_operation_duration_seconds", "histogram",
         ("backend", "op"),
         "Duration of one successful cache backend round trip, in seconds; op is get, put "
@@ -213,6 +220,10 @@ class CacheMetrics:
         """Count ``count`` errors (``op`` is not a label of the exported counter)."""
         self._m.cache_errors.labels(model, backend).inc(count)
 
+    def cache_rejected(self, backend: str, model: str, reason: str, count: int) -> None:
+        """Count values refused by the integrity check."""
+        self._m.cache_rejected.labels(model, backend, reason).inc(count)
+
     def cache_operation(self, backend: str, op: str, seconds: float) -> None:
         """Observe one backend round trip."""
         self._m.cache_operation_duration.labels(backend, op).observe(seconds)
@@ -247,6 +258,7 @@ class Metrics:
     cache_hits: Counter
     cache_misses: Counter
     cache_errors: Counter
+    cache_rejected: Counter
     cache_operation_duration: Histogram
     cache_up: Gauge
     worker_device_memory: Gauge
@@ -371,6 +383,7 @@ def render_markdown() -> str:
         "- `outcome` (requests): `ok` or the gRPC status code name in lower case.",
         "- `outcome` (worker jobs): `ok`, `error`, `oom`, `cancelled`, `timeout`.",
         "- `backend`: `redis`, `memory`, `none`; `op`: `get`, `put`, `ping`.",
+        "- `reason` (cache rejected): `format`, `checksum`, `nonfinite`.",
         "- `layer`: 0-based layer (ConvBlock) index; `method`: the RPC method name.",
         "",
         "## Histogram buckets",

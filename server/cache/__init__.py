@@ -1,9 +1,9 @@
 """Embedding cache of the front-end: Redis (shared, versioned keys), in-process LRU, none.
 
-Keys are ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}`` and
-values are one row of little-endian float32 bytes, so a new model version, graph version
-or sampling variant can never be answered with an older embedding; old keys simply age
-out. Caches never fail a request: backend errors become misses (and dropped stores),
+Keys are ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}``, so a
+new model version, graph version or sampling variant can never be answered with an older
+embedding; old keys simply age out. Values are one float32 row in an integrity envelope
+(:mod:`.codec`): a value that fails its check is a miss, recomputed and overwritten. Caches never fail a request: backend errors become misses (and dropped stores),
 are counted in :class:`CacheStats` and reported to an optional :class:`CacheObserver`.
 
 Redis eviction policy: give Redis a ``maxmemory`` and ``maxmemory-policy allkeys-lru``

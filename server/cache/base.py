@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Protocol
@@ -78,6 +78,8 @@ class CacheStats:
     """Node ids not found (including every id looked up while the backend is unavailable)."""
     errors: int = 0
     """Failed backend operations plus stored values rejected as corrupt."""
+    rejected: int = 0
+    """Stored values refused by the integrity check (also counted in ``errors``)."""
 
 
 class CacheObserver(Protocol):
@@ -88,6 +90,9 @@ class CacheObserver(Protocol):
 
     def cache_error(self, backend: str, model: str, op: str, count: int) -> None:
         """``count`` errors in operation ``op`` (``get``, ``put`` or ``decode``)."""
+
+    def cache_rejected(self, backend: str, model: str, reason: str, count: int) -> None:
+        """``count`` stored values failed the integrity check for ``reason``."""
 
     def cache_operation(self, backend: str, op: str, seconds: float) -> None:
         """One backend round trip ``op`` (``get``, ``put``, ``ping``) took ``seconds``."""
@@ -170,6 +175,15 @@ class EmbeddingCache(abc.ABC):
         self.stats.errors += count
         if self._observer is not None:
             self._observer.cache_error(self.name, namespace.model, op, count)
+
+    def _record_rejected(self, namespace: CacheNamespace, reasons: Mapping[str, int]) -> None:
+        total = sum(reasons.values())
+        self.stats.rejected += total
+        self._record_error(namespace, "decode", total)
+        if self._observer is not None:
+            for reason, count in reasons.items():
+                if count:
+                    self._observer.cache_rejected(self.name, namespace.model, reason, count)
 
     def _record_operation(self, op: str, seconds: float) -> None:
         if self._observer is not None:

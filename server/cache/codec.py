@@ -1,21 +1,65 @@
-"""Keys and values as stored in the cache: versioned key strings, packed float32 rows.
+"""Keys and values as stored in the cache: versioned key strings, enveloped float32 rows.
 
 Key: ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}``.
-Value: the row as little-endian float32 bytes, exactly ``dim * 4`` long.
+
+Value: an integrity envelope around one row (all little-endian)::
+
+    magic  b"HSE"   3 bytes  hopserve embedding
+    format u8       1 byte   ENVELOPE_FORMAT (1)
+    dtype  u8       1 byte   1 = float32
+    pad             3 bytes  zero
+    dim    u32      4 bytes  row width
+    mac             16 bytes BLAKE2b-128 of (key, header, payload), keyed when the cache
+                             has an integrity key
+    payload         dim * 4  the row, float32
+
+The MAC covers the key string, so the model, both versions, the sampling variant and the
+node id are bound to the row: a value copied under another key, a truncated or bit-flipped
+payload, a row of another width or format all fail the check. A row that passes but holds
+NaN or Inf is refused too (a forged envelope cannot smuggle non-finite values in). Any
+failure is a miss, never a row: the front-end recomputes it and its write-back overwrites
+the bad value. Without a key the MAC is a checksum (it detects corruption, not a forger
+who knows the format); with ``cache.integrity_key_file`` it is a keyed MAC.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import struct
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
 from hopserve.server.cache.base import CacheNamespace
 
-__all__ = ["as_node_ids", "as_rows", "decode_rows", "encode_rows", "make_keys", "namespace_prefix"]
+__all__ = [
+    "ENVELOPE_FORMAT",
+    "REJECT_REASONS",
+    "as_node_ids",
+    "as_rows",
+    "decode_rows",
+    "encode_rows",
+    "make_keys",
+    "namespace_prefix",
+]
 
 ROW_DTYPE = np.dtype("<f4")
 """Stored dtype: little-endian float32, whatever the host byte order."""
+
+ENVELOPE_FORMAT = 1
+"""Version of the value layout; a value of another format is a miss."""
+
+REJECT_REASONS = ("format", "checksum", "nonfinite")
+"""Why a stored value is refused: ``format`` (length, magic, format, dtype or dim do not
+match), ``checksum`` (the MAC does not match key and payload), ``nonfinite`` (NaN/Inf)."""
+
+_HEADER = struct.Struct("<3sBB3xI")
+_MAGIC = b"HSE"
+_DTYPE_FLOAT32 = 1
+_MAC_BYTES = 16
+_PAYLOAD_AT = _HEADER.size + _MAC_BYTES
 
 
 def namespace_prefix(prefix: str, namespace: CacheNamespace) -> str:
@@ -56,27 +100,77 @@ def as_rows(rows: np.ndarray, n: int, dim: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=ROW_DTYPE)
 
 
-def encode_rows(rows: np.ndarray) -> list[bytes]:
-    """Pack each row of a ``[N, dim]`` little-endian float32 array into bytes."""
-    buffer = rows.tobytes()
-    width = rows.shape[1] * ROW_DTYPE.itemsize
-    return [buffer[start : start + width] for start in range(0, len(buffer), width)]
+def _mac(key: str, header: bytes, payload: bytes, secret: bytes | None) -> bytes:
+    h = hashlib.blake2b(digest_size=_MAC_BYTES, key=secret or b"", person=b"hopserve-row")
+    h.update(key.encode())
+    h.update(b"\0")
+    h.update(header)
+    h.update(payload)
+    return h.digest()
 
 
-def decode_rows(values: Sequence[bytes | None], dim: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Unpack stored values (``None`` = absent).
+def encode_rows(
+    rows: np.ndarray, keys: Sequence[str], secret: bytes | None = None
+) -> tuple[list[str], list[bytes]]:
+    """Envelope each finite row of a ``[N, dim]`` little-endian float32 array.
 
     Returns:
-        ``(hit_mask [N], rows float32 [N, dim], corrupt)`` where a value of the wrong
-        length is a miss and is counted in ``corrupt``, never returned.
+        ``(keys, values)`` of the rows to store: rows holding NaN or Inf are left out
+        (they would be refused on read anyway).
+    """
+    dim = rows.shape[1]
+    header = _HEADER.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim)
+    finite = np.isfinite(rows).all(axis=1)
+    buffer = rows.tobytes()
+    width = dim * ROW_DTYPE.itemsize
+    out_keys, values = [], []
+    for i in np.flatnonzero(finite).tolist():
+        payload = buffer[i * width : (i + 1) * width]
+        out_keys.append(keys[i])
+        values.append(header + _mac(keys[i], header, payload, secret) + payload)
+    return out_keys, values
+
+
+def decode_rows(
+    values: Sequence[bytes | None],
+    keys: Sequence[str],
+    dim: int,
+    secret: bytes | None = None,
+) -> tuple[np.ndarray, np.ndarray, Counter[str]]:
+    """Open stored envelopes (``None`` = absent) and check them against their keys.
+
+    Returns:
+        ``(hit_mask [N], rows float32 [N, dim], rejected)``: a value that fails any check
+        is a miss, its row zero, and counted in ``rejected`` by reason
+        (:data:`REJECT_REASONS`); it is never returned as a row.
     """
     n = len(values)
     width = dim * ROW_DTYPE.itemsize
-    mask = np.fromiter((v is not None and len(v) == width for v in values), dtype=bool, count=n)
-    present = sum(v is not None for v in values)
-    hit_positions = np.flatnonzero(mask)
+    header = _HEADER.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim)
+    rejected: Counter[str] = Counter()
+    accepted: list[int] = []
+    payloads: list[bytes] = []
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if len(value) != _PAYLOAD_AT + width or value[: _HEADER.size] != header:
+            rejected["format"] += 1
+            continue
+        payload = value[_PAYLOAD_AT:]
+        mac = _mac(keys[i], header, payload, secret)
+        if not hmac.compare_digest(mac, value[_HEADER.size : _PAYLOAD_AT]):
+            rejected["checksum"] += 1
+            continue
+        accepted.append(i)
+        payloads.append(payload)
+    mask = np.zeros(n, dtype=bool)
     rows = np.zeros((n, dim), dtype=np.float32)
-    if hit_positions.size:
-        packed = b"".join(values[i] for i in hit_positions.tolist())  # type: ignore[misc]
-        rows[hit_positions] = np.frombuffer(packed, dtype=ROW_DTYPE).reshape(-1, dim)
-    return mask, rows, present - int(hit_positions.size)
+    if accepted:
+        got = np.frombuffer(b"".join(payloads), dtype=ROW_DTYPE).reshape(-1, dim)
+        finite = np.isfinite(got).all(axis=1)
+        if not finite.all():
+            rejected["nonfinite"] += int((~finite).sum())
+        positions = np.asarray(accepted)[finite]
+        rows[positions] = got[finite]
+        mask[positions] = True
+    return mask, rows, rejected

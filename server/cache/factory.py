@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from hopserve.server.cache.base import CacheObserver, EmbeddingCache
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 from hopserve.server.cache.null import NullCache
 from hopserve.server.cache.redis_cache import RedisEmbeddingCache
+from hopserve.server.config.errors import ConfigError
 from hopserve.server.config.models import CacheConfig
 
-__all__ = ["make_cache"]
+__all__ = ["make_cache", "read_integrity_key"]
+
+MIN_KEY_BYTES = 16
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ async def make_cache(
         prefix=config.key_prefix,
         timeout_s=config.redis_timeout_s,
         backoff_s=config.redis_backoff_s,
+        integrity_key=read_integrity_key(config.integrity_key_file),
         observer=observer,
     )
     reason = await cache.check()
@@ -49,6 +54,28 @@ async def make_cache(
         return cache
     await cache.close()
     return _memory(config, observer, f"cache.backend=auto and Redis at {cache.url}: {reason}")
+
+
+def read_integrity_key(path: Path | None) -> bytes | None:
+    """The secret in ``path`` (surrounding whitespace stripped), or ``None`` without a file.
+
+    Raises:
+        ConfigError: unreadable, or shorter than 16 bytes (the secret is never shown).
+    """
+    if path is None:
+        return None
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as err:
+        raise ConfigError(
+            f"cache.integrity_key_file: cannot read {str(path)!r} ({err.strerror})"
+        ) from None
+    if len(secret) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"cache.integrity_key_file: {str(path)!r} holds {len(secret)} bytes; use a "
+            f"random secret of at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)"
+        )
+    return secret
 
 
 def _memory(config: CacheConfig, observer: CacheObserver | None, why: str) -> MemoryEmbeddingCache:

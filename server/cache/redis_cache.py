@@ -87,6 +87,8 @@ class RedisEmbeddingCache(EmbeddingCache):
         backoff_s: Time between availability probes while Redis is unavailable.
         chunk_keys: Most keys per MGET command (several go in one pipeline).
         max_connections: Connection pool bound (``None``: unbounded).
+        integrity_key: Secret keying the values' MAC (see :mod:`.codec`); ``None``: an
+            unkeyed checksum (detects corruption, not forgery).
         observer: Optional receiver of cache events.
     """
 
@@ -102,6 +104,7 @@ class RedisEmbeddingCache(EmbeddingCache):
         backoff_s: float = 1.0,
         chunk_keys: int = 10_000,
         max_connections: int | None = None,
+        integrity_key: bytes | None = None,
         observer: CacheObserver | None = None,
     ) -> None:
         super().__init__(observer=observer)
@@ -120,6 +123,7 @@ class RedisEmbeddingCache(EmbeddingCache):
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.chunk_keys = chunk_keys
+        self._integrity_key = integrity_key or None
         self._client: aioredis.Redis = aioredis.Redis.from_url(
             secret,
             socket_timeout=timeout_s,
@@ -171,15 +175,16 @@ class RedisEmbeddingCache(EmbeddingCache):
             self._record_lookup(namespace, 0, n)
             return mask, rows
         self._reachable("get", time.perf_counter() - start)
-        mask, rows, corrupt = decode_rows(list(chain.from_iterable(replies)), namespace.dim)
-        if corrupt:
+        values = list(chain.from_iterable(replies))
+        mask, rows, rejected = decode_rows(values, keys, namespace.dim, self._integrity_key)
+        if rejected:
             logger.debug(
-                "%d cached value(s) in %s:%s:... had the wrong length; treated as misses",
-                corrupt,
+                "cached value(s) in %s:%s:... refused (%s); treated as misses",
                 self.prefix,
                 namespace.model,
+                dict(rejected),
             )
-            self._record_error(namespace, "decode", corrupt)
+            self._record_rejected(namespace, rejected)
         hits = int(mask.sum())
         self._record_lookup(namespace, hits, n - hits)
         return mask, rows
@@ -192,8 +197,11 @@ class RedisEmbeddingCache(EmbeddingCache):
         array = as_rows(rows, ids.size, namespace.dim)
         if ids.size == 0 or not self._usable():
             return
-        packed = encode_rows(array)
-        keys = make_keys(self.prefix, namespace, ids)
+        keys, packed = encode_rows(
+            array, make_keys(self.prefix, namespace, ids), self._integrity_key
+        )
+        if not keys:
+            return
         expiry: tuple[Any, ...] = ("EX", self.ttl_s) if self.ttl_s else ()
         start = time.perf_counter()
         try:

@@ -184,6 +184,12 @@ class CacheConfig(_Section):
     redis_backoff_s: Annotated[float, Field(ge=0.0, le=300.0)] = 1.0
     """After a Redis failure, how long to skip Redis before probing it again."""
 
+    integrity_key_file: Path | None = None
+    """File holding a secret (at least 16 bytes) that keys the MAC of every cached value,
+    so that whoever can write to Redis cannot forge a row; every front-end sharing the
+    Redis needs the same key. ``None``: an unkeyed checksum, which still refuses corrupted,
+    truncated, misplaced and non-finite values."""
+
 
 class EngineConfig(_Section):
     """The layer-wise evaluator run by the workers (sizes accept ``"512MiB"``, ``"8GiB"``)."""

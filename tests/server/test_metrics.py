@@ -35,6 +35,7 @@ CONTRACT = {
     "hopserve_cache_hits_total": ("counter", ("model", "backend")),
     "hopserve_cache_misses_total": ("counter", ("model", "backend")),
     "hopserve_cache_errors_total": ("counter", ("model", "backend")),
+    "hopserve_cache_rejected_total": ("counter", ("model", "backend", "reason")),
     "hopserve_cache_operation_duration_seconds": ("histogram", ("backend", "op")),
     "hopserve_queue_depth": ("gauge", ("model",)),
     "hopserve_inflight_requests": ("gauge", ("model",)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hopserve.server.cache import CacheNamespace
+from hopserve.server.cache import CacheNamespace, codec
 from hopserve.server.cache.codec import as_node_ids, as_rows, decode_rows, encode_rows, make_keys
 
 
@@ -39,25 +39,80 @@ def test_variant_for() -> None:
     assert CacheNamespace.variant_for((10, 5), seed=42) == "f10-5.s42"
 
 
+NS = CacheNamespace("m", "1", "g", dim=3)
+
+
 def test_rows_round_trip_exact_bytes() -> None:
     rng = np.random.default_rng(0)
     rows = as_rows(rng.standard_normal((5, 3)), 5, 3)
-    packed = encode_rows(rows)
-    assert all(len(v) == 12 for v in packed)
-    assert packed[2] == rows[2].astype("<f4").tobytes()
-    mask, out, corrupt = decode_rows([*packed, None], 3)
+    keys = make_keys("hopserve", NS, np.arange(5))
+    stored_keys, packed = encode_rows(rows, keys)
+    assert stored_keys == keys
+    assert all(len(v) == 28 + 12 for v in packed)  # header + MAC + 3 float32
+    assert packed[2].endswith(rows[2].astype("<f4").tobytes())
+    mask, out, rejected = decode_rows([*packed, None], [*keys, "hopserve:m:1:g:exact:9"], 3)
     assert mask.tolist() == [True] * 5 + [False]
-    assert corrupt == 0
+    assert not rejected
     assert out.dtype == np.float32 and out[:5].tobytes() == rows.tobytes()
     assert not out[5].any()
 
 
 def test_wrong_length_value_is_a_miss_and_counted() -> None:
-    good = np.arange(3, dtype="<f4").tobytes()
-    mask, out, corrupt = decode_rows([good, b"abc", good + b"x", None], 3)
+    keys = make_keys("hopserve", NS, np.arange(4))
+    _, (good,) = encode_rows(np.arange(3, dtype="<f4").reshape(1, 3), keys[:1])
+    raw_row = np.arange(3, dtype="<f4").tobytes()  # the pre-envelope format: refused
+    mask, out, rejected = decode_rows([good, b"abc", good + b"x", raw_row], keys, 3)
     assert mask.tolist() == [True, False, False, False]
-    assert corrupt == 2
+    assert rejected == {"format": 3}
     assert not out[1:].any()
+
+
+def _forge(value: bytes, payload: bytes) -> bytes:
+    return value[: len(value) - len(payload)] + payload
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        np.full(3, np.nan, "<f4").tobytes(),
+        np.zeros(3, "<f4").tobytes(),
+        np.full(3, 1e30, "<f4").tobytes(),
+        b"\x00\x01\x02\x03" * 3,
+    ],
+    ids=["nan", "zeros", "1e30", "bytes"],
+)
+def test_a_payload_overwritten_in_place_fails_the_checksum(payload: bytes) -> None:
+    keys = make_keys("hopserve", NS, np.arange(1))
+    _, (value,) = encode_rows(np.ones((1, 3), "<f4"), keys)
+    mask, _, rejected = decode_rows([_forge(value, payload)], keys, 3)
+    assert not mask.any() and rejected == {"checksum": 1}
+
+
+def test_a_value_under_another_key_or_secret_is_refused() -> None:
+    keys = make_keys("hopserve", NS, np.arange(2))
+    other_graph = make_keys("hopserve", CacheNamespace("m", "1", "g2", dim=3), np.arange(1))
+    _, values = encode_rows(np.ones((2, 3), "<f4"), keys, secret=b"s" * 16)
+    swapped = decode_rows(values[::-1], keys, 3, secret=b"s" * 16)
+    assert not swapped[0].any() and swapped[2] == {"checksum": 2}
+    moved = decode_rows(values[:1], other_graph, 3, secret=b"s" * 16)
+    assert moved[2] == {"checksum": 1}
+    unkeyed = decode_rows(values, keys, 3)
+    assert unkeyed[2] == {"checksum": 2}
+    assert decode_rows(values, keys, 3, secret=b"s" * 16)[0].all()
+
+
+def test_a_forged_envelope_with_non_finite_values_is_refused() -> None:
+    """Someone who knows the unkeyed format can forge the checksum, not NaN rows."""
+    keys = make_keys("hopserve", NS, np.arange(2))
+    rows = np.array([[np.nan, 0, 0], [0, np.inf, 0]], "<f4")
+    assert encode_rows(rows, keys) == ([], [])  # never stored
+    forged = []
+    for key, row in zip(keys, rows, strict=True):  # build the envelope by hand
+        _, (template,) = encode_rows(np.zeros((1, 3), "<f4"), [key])
+        header = template[:12]
+        forged.append(header + codec._mac(key, header, row.tobytes(), None) + row.tobytes())
+    mask, out, rejected = decode_rows(forged, keys, 3)
+    assert not mask.any() and rejected == {"nonfinite": 2} and not out.any()
 
 
 def test_argument_validation() -> None:

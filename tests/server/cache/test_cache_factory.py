@@ -85,3 +85,34 @@ def test_memory_and_none(caplog: pytest.LogCaptureFixture) -> None:
     assert isinstance(memory, MemoryEmbeddingCache) and memory.ttl_s is None
     assert isinstance(none, NullCache)
     assert "cache.backend=memory" in caplog.text and "disabled" in caplog.text
+
+
+def test_integrity_key_file_keys_the_mac(redis_server: str, tmp_path) -> None:
+    key_file = tmp_path / "cache.key"
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
+
+    async def scenario() -> None:
+        keyed = await make_cache(
+            CacheConfig(backend="redis", redis_url=redis_server, integrity_key_file=key_file)
+        )
+        unkeyed = await make_cache(CacheConfig(backend="redis", redis_url=redis_server))
+        await keyed.put_many(NS, np.array([1]), np.ones((1, 4)))
+        assert (await keyed.get_many(NS, np.array([1])))[0].all()
+        assert not (await unkeyed.get_many(NS, np.array([1])))[0].any()  # cannot forge
+        assert unkeyed.stats.rejected == 1
+        await keyed.close()
+        await unkeyed.close()
+
+    asyncio.run(scenario())
+
+
+def test_short_or_missing_integrity_key_is_a_config_error(tmp_path, caplog) -> None:
+    from hopserve.server.config import ConfigError
+
+    short = tmp_path / "short.key"
+    short.write_text("tiny-secret")
+    with pytest.raises(ConfigError, match="holds 11 bytes") as info:
+        build(backend="redis", integrity_key_file=short)
+    assert "tiny-secret" not in str(info.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        build(backend="redis", integrity_key_file=tmp_path / "absent.key")

@@ -59,7 +59,8 @@ def test_stored_value_is_packed_little_endian_float32(redis_server: str) -> None
             rows = random_rows(1)
             await cache.put_many(NS, np.array([42]), rows.astype(np.float64))
         raw = redis.Redis.from_url(redis_server).get("hs:cora:1:g1:exact:42")
-        assert raw == rows[0].astype("<f4").tobytes() and len(raw) == NS.dim * 4
+        assert raw.startswith(b"HSE\x01\x01")  # envelope format 1, float32
+        assert raw.endswith(rows[0].astype("<f4").tobytes()) and len(raw) == 28 + NS.dim * 4
 
     run(scenario)
 
@@ -158,6 +159,28 @@ def test_corrupt_value_is_a_miss_and_an_error(redis_server: str) -> None:
             assert mask.tolist() == [False, True]
             assert not got[0].any()
             assert (cache.errors, cache.hits, cache.misses) == (1, 1, 1)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.0, 1e30, np.inf])
+def test_values_overwritten_in_redis_are_never_returned(redis_server: str, fill: float) -> None:
+    """Regression: values overwritten with NaN, zeros or 1e30 of the right length were
+    served as embeddings (429 of 429)."""
+
+    async def scenario() -> None:
+        n = 64
+        async with RedisEmbeddingCache(redis_server) as cache:
+            ids = np.arange(n)
+            await cache.put_many(NS, ids, random_rows(n))
+            client = redis.Redis.from_url(redis_server)
+            for key in make_keys("hopserve", NS, ids):
+                value = client.get(key)
+                row = np.full(NS.dim, fill, dtype="<f4").tobytes()
+                client.set(key, value[: len(value) - len(row)] + row)  # same length
+            mask, got = await cache.get_many(NS, ids)
+            assert not mask.any() and not got.any()
+            assert cache.stats.rejected == n and cache.misses == n
 
     run(scenario)
 

@@ -115,6 +115,39 @@ def test_cache_hit_path_returns_the_same_bytes(served, redis_server, all_ids) ->
     assert served.sample("hopserve_cache_hits_total", **REDIS_LABELS) - hits_before == 3
 
 
+@pytest.mark.parametrize("fill", [np.nan, 0.0, 1e30])
+def test_corrupted_cache_values_are_recomputed_never_served(
+    make_config, start_server, redis_server, evaluator, all_ids, fill
+) -> None:
+    """Regression: cached values overwritten with NaN, zeros or 1e30 of the right length
+    were served as embeddings (429 of 429); now each is a miss, recomputed, overwritten
+    and counted."""
+    import redis
+
+    server = start_server(make_config(cache={"redis_url": redis_server}))
+    ids = all_ids[:40]
+    want = expected(evaluator, ids)
+    with server.client() as client:
+        client.get_embeddings(MODEL, ids)
+        server.drain()
+        store = redis.Redis.from_url(redis_server)
+        keys = store.keys(f"hopserve:{MODEL}:*")
+        assert len(keys) == len(ids)
+        for key in keys:
+            value = store.get(key)
+            row = np.full(5, fill, dtype="<f4").tobytes()
+            store.set(key, value[: len(value) - len(row)] + row)
+        got = client.get_embeddings_with_info(MODEL, ids)
+        np.testing.assert_allclose(got.embeddings, want, atol=ATOL, rtol=RTOL)
+        assert got.cache_hits == 0
+        rejected = server.sample("hopserve_cache_rejected_total", reason="checksum", **REDIS_LABELS)
+        assert rejected == len(ids)
+        server.drain()  # the write-back overwrote every bad value
+        again = client.get_embeddings_with_info(MODEL, ids)
+        assert again.cache_hits == len(ids)
+        np.testing.assert_allclose(again.embeddings, want, atol=ATOL, rtol=RTOL)
+
+
 def test_refresh_recomputes_and_bypass_neither_reads_nor_writes(
     served, redis_proc, redis_server, all_ids
 ) -> None:
