@@ -43,6 +43,14 @@ from hopserve.worker.trace.tracer import ModelTraceError
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_BUDGET = 256 * 2**20
+
+
+def default_prefetch(device: torch.device) -> bool:
+    """Whether to prefetch by default: on CUDA (copies overlap compute), not on CPU (the
+    thread competes with compute for the same cores)."""
+    return device.type == "cuda"
+
+
 # CPU accounting: a block's destination-row temporaries (aggregates, linear outputs,
 # activations) are estimated as this many times its output rows.
 OUTPUT_FACTOR = 4
@@ -110,14 +118,16 @@ class LayerwiseEvaluator:
             else psutil.virtual_memory().available // 2
         )
         self.spill_dir = spill_dir
-        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
+        self.prefetch = default_prefetch(self.device) if prefetch is None else bool(prefetch)
         self.progress = progress
         self.init_batch_nodes = init_batch_nodes
         self.last_stats: EvalStats | None = None
         self._lock = threading.Lock()
         self._sizers: dict[int, BatchSizer] = {}
         self._max_growth = 2.0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hopserve-prep") if prefetch else None
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="hopserve-prep") if self.prefetch else None
+        )
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._nodewise = None
         try:

@@ -61,3 +61,20 @@ def test_stats_report_stages_and_frontiers(setup):
     assert stats.compute_s > 0 and stats.total_s >= stats.compute_s
     d = stats.to_dict()
     assert {"prepare_s", "transfer_s", "compute_s", "write_out_s", "layers"} <= set(d)
+
+
+def test_default_prefetch_starts_the_prefetch_thread(setup, monkeypatch):
+    """Regression: with the default ``prefetch=None`` the pool checked the raw argument,
+    so the device default (on for CUDA) never created the prefetch thread."""
+    from hopserve.worker.engine import evaluator as evaluator_module
+
+    store, _, want = setup
+    monkeypatch.setattr(evaluator_module, "default_prefetch", lambda device: True)
+    ev = LayerwiseEvaluator(build("sage_mean", 6), store, init_batch_nodes=40, self_check=False)
+    try:
+        assert ev.prefetch and ev._pool is not None
+        assert_exact(ev.evaluate(), want, "prefetched")
+    finally:
+        ev.close()
+    off = LayerwiseEvaluator(build("sage_mean", 6), store, prefetch=False, self_check=False)
+    assert not off.prefetch and off._pool is None
