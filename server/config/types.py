@@ -143,6 +143,12 @@ class SecretUrl:
             raise ValueError(f"URL scheme must be one of {', '.join(cls.schemes)}")
         if parts.scheme != "unix" and not parts.hostname:
             raise ValueError("URL has no host")
+        try:
+            port = parts.port
+        except ValueError as exc:  # out of range or not a number
+            raise ValueError(f"URL port is invalid ({exc})") from None
+        if port == 0:
+            raise ValueError("URL port must be 1-65535, got 0")
         return cls(value)
 
     @classmethod

@@ -92,6 +92,11 @@ def test_minimal_model_defaults(tmp_path: Path) -> None:
         ("cache: {backend: redix}", "cache.backend: Input should be 'auto', 'redis', 'memory'"),
         ("cache: {ttl_s: -5}", "cache.ttl_s: Input should be greater than or equal to 0 (got -5)"),
         ("cache: {redis_url: 'http://h:1'}", "cache.redis_url: URL scheme must be one of"),
+        (  # regression: crashed start-up with a traceback and exit code 1
+            "cache: {redis_url: 'redis://127.0.0.1:99999/0'}",
+            "cache.redis_url: URL port is invalid (Port out of range 0-65535)",
+        ),
+        ("cache: {redis_url: 'redis://h:port/0'}", "cache.redis_url: URL port is invalid"),
         ("cache: {key_prefix: 'a:b'}", "cache.key_prefix: must be 1-128 letters"),
         ("engine: {memory_budget_bytes: 1KiB}", "engine.memory_budget_bytes: Input should be"),
         ("engine: {memory_budget_bytes: lots}", "engine.memory_budget_bytes: could not parse"),
