@@ -10,10 +10,12 @@ the kwargs, the file or the mismatching keys.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import pickle
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +31,34 @@ class ModelLoadError(ValueError):
     """The model class, its constructor arguments or its weights file cannot be used."""
 
 
-def import_model_class(entrypoint: str) -> type[nn.Module]:
+def import_model_class(entrypoint: str, search_path: Sequence[Path] = ()) -> type[nn.Module]:
     """Import ``"package.module:ClassName"`` (the attribute may be dotted: ``"m:Outer.Inner"``).
+
+    Args:
+        entrypoint: ``"package.module:ClassName"``.
+        search_path: Folders searched before the installed packages (e.g. the config
+            file's folder); they are on ``sys.path`` only while the module is imported.
 
     Raises:
         ModelLoadError: malformed entrypoint, module or attribute missing, or the attribute
-            is not an ``nn.Module`` subclass.
+            is not an ``nn.Module`` subclass; an import failure says where it looked.
     """
     module_name, sep, attr_path = entrypoint.partition(":")
     if not sep or not module_name or not attr_path:
         raise ModelLoadError(f"entrypoint {entrypoint!r}: expected 'package.module:ClassName'")
+    folders = [str(Path(p)) for p in search_path]
     try:
-        module = importlib.import_module(module_name)
+        with _on_sys_path(folders):
+            module = importlib.import_module(module_name)
     except ImportError as err:
+        where = ", ".join(repr(f) for f in folders)
+        searched = (
+            f"searched {where}, then the installed packages"
+            if folders
+            else "searched sys.path only"
+        )
         raise ModelLoadError(
-            f"entrypoint {entrypoint!r}: cannot import module {module_name!r} ({err})"
+            f"entrypoint {entrypoint!r}: cannot import module {module_name!r} ({err}); {searched}"
         ) from err
     obj: Any = module
     for part in attr_path.split("."):
@@ -61,12 +76,30 @@ def import_model_class(entrypoint: str) -> type[nn.Module]:
     return obj
 
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+@contextlib.contextmanager
+def _on_sys_path(folders: list[str]) -> Iterator[None]:
+    """Put ``folders`` first on ``sys.path`` for the duration of an import."""
+    added = [f for f in folders if f not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for folder in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+
+
+def load_state_dict(path: str | Path, key: str | None = None) -> dict[str, torch.Tensor]:
     """Read a ``state_dict`` file with ``torch.load(weights_only=True)`` onto the CPU.
+
+    Args:
+        path: The file.
+        key: For a checkpoint dict wrapping the ``state_dict``: the key holding it.
 
     Raises:
         ModelLoadError: missing/unreadable file, a file that needs pickle to rebuild
-            arbitrary objects, or content that is not a mapping of names to tensors.
+            arbitrary objects, or content that is not a mapping of names to tensors (a
+            checkpoint dict gets a hint naming the key that holds the ``state_dict``).
     """
     path = Path(path)
     if not path.is_file():
@@ -93,12 +126,37 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             f"weights {str(path)!r}: expected a state_dict (mapping of names to tensors), "
             f"got {type(state).__name__}"
         )
+    if key is not None:
+        if key not in state or not isinstance(state[key], Mapping):
+            keys = sorted(map(str, state))[:10]
+            raise ModelLoadError(
+                f"weights {str(path)!r}: weights_key {key!r} is not a state_dict in the file "
+                f"(top-level keys: {keys})"
+            )
+        state = state[key]
     bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if bad:
+        nested = [str(k) for k, v in state.items() if _looks_like_state_dict(v)]
+        hint = (
+            f". It looks like a training checkpoint: the state_dict is under key "
+            f"{nested[0]!r}; set `weights_key: {nested[0]}` in the model's config (or save "
+            f"torch.save(checkpoint[{nested[0]!r}], path))"
+            if nested
+            else ""
+        )
         raise ModelLoadError(
-            f"weights {str(path)!r}: entries that are not tensors: {sorted(map(str, bad))[:10]}"
+            f"weights {str(path)!r}: entries that are not tensors: "
+            f"{sorted(map(str, bad))[:10]}{hint}"
         )
     return dict(state)
+
+
+def _looks_like_state_dict(value: object) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(isinstance(v, torch.Tensor) for v in value.values())
+    )
 
 
 def _unpickler_reason(message: str) -> str:
@@ -116,6 +174,8 @@ def load_model(
     weights: str | Path | None,
     *,
     device: str | torch.device = "cpu",
+    search_path: Sequence[Path] = (),
+    weights_key: str | None = None,
 ) -> nn.Module:
     """Construct the user's model class, load its weights strictly, return it in eval mode.
 
@@ -124,13 +184,15 @@ def load_model(
         kwargs: constructor keyword arguments (``None`` = none).
         weights: ``state_dict`` file, or ``None`` to keep the constructor's initialisation.
         device: where the returned module lives.
+        search_path: folders to import the entrypoint's module from first.
+        weights_key: key of the ``state_dict`` inside a checkpoint dict.
 
     Raises:
         ModelLoadError: see :func:`import_model_class` and :func:`load_state_dict`; also a
             constructor that rejects ``kwargs``, and missing or unexpected state-dict keys
             or shape mismatches (named).
     """
-    cls = import_model_class(entrypoint)
+    cls = import_model_class(entrypoint, search_path)
     kwargs = dict(kwargs or {})
     try:
         model = cls(**kwargs)
@@ -144,7 +206,7 @@ def load_model(
             f"({type(err).__name__}: {err})"
         ) from err
     if weights is not None:
-        state = load_state_dict(weights)
+        state = load_state_dict(weights, weights_key)
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as err:  # torch names missing/unexpected keys and bad shapes

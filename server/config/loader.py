@@ -58,8 +58,10 @@ def load_config(
         env: Environment to take ``HOPSERVE_*`` overrides from (``{}`` for none).
 
     Returns:
-        The validated, frozen configuration. Paths are not checked for existence here;
-        call :meth:`HopserveConfig.validate_paths` for that.
+        The validated, frozen configuration, relative paths resolved against the config
+        file's folder (:meth:`HopserveConfig.anchored`; the working directory without a
+        file). Paths are not checked for existence here; call
+        :meth:`HopserveConfig.validate_paths` for that.
 
     Raises:
         ConfigError: unreadable file, YAML syntax error (with file and line), unknown key
@@ -69,10 +71,12 @@ def load_config(
     data = _read_yaml(Path(path)) if path is not None else {}
     env_sources = _apply_env(data, env)
     try:
-        return HopserveConfig.model_validate(data)
+        config = HopserveConfig.model_validate(data)
     except ValidationError as exc:
         problems = [_describe(error, source, env_sources) for error in exc.errors()]
         raise ConfigError(problems) from None
+    base = Path(path).expanduser().resolve().parent if path is not None else Path.cwd()
+    return config.anchored(base)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -27,6 +27,12 @@ _GiB = 1 << 30
 _MiB = 1 << 20
 
 
+def _anchor(base: Path, path: Path) -> Path:
+    """``path`` made absolute against ``base`` (``~`` expanded; absolute paths kept)."""
+    path = path.expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -46,21 +52,39 @@ class ModelConfig(_Section):
     """Model version; part of every cache key, so bumping it never serves a stale embedding."""
 
     entrypoint: Entrypoint
-    """Python entrypoint of the user's model class, ``"package.module:ClassName"``."""
+    """Python entrypoint of the user's model class, ``"package.module:ClassName"``. The
+    module is imported from ``python_path`` first (the config file's folder is on it), then
+    from the installed packages."""
+
+    python_path: list[Path] = Field(default_factory=list)
+    """Extra folders to import ``entrypoint``'s module from, searched before the installed
+    packages. The config file's own folder is always searched first."""
 
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the model class constructor."""
 
     weights: Path | None = None
     """Path to a ``state_dict`` file, loaded with ``torch.load(weights_only=True)``.
-    ``None`` keeps the constructor's initialisation (demos and tests only). Relative paths
-    are relative to the working directory; existence is checked by ``validate_paths()``."""
+    ``None`` keeps the constructor's initialisation (demos and tests only)."""
+
+    weights_key: str | None = None
+    """For a checkpoint that wraps the ``state_dict`` (``{"model_state_dict": ...,
+    "optimizer": ...}``): the key holding it. ``None``: the file is the ``state_dict``."""
 
     graph: Path
     """Graph-store directory (CSC memmap, features, ID maps) the model runs on."""
 
     device: Device = "cpu"
     """Where the worker runs this model: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
+
+    fallback: Literal["error", "nodewise"] = "error"
+    """What to do with a model the layer-wise engine refuses (a K-hop conv, an op that mixes
+    nodes, untraceable control flow): ``"error"`` refuses to load it and says why;
+    ``"nodewise"`` serves it exactly but slowly, node by node over its receptive field."""
+
+    hops: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Receptive field (in hops) for ``fallback: nodewise`` when it cannot be inferred
+    from the model (the refusal says so)."""
 
     fanouts_allowed: bool = True
     """Whether requests may ask for sampled (approximate) neighbourhoods via fanouts.
@@ -86,6 +110,18 @@ class ModelConfig(_Section):
         problems = self._path_problems(f"model {self.name!r}")
         if problems:
             raise ConfigError(problems)
+
+    def anchored(self, base: Path) -> ModelConfig:
+        """This model with relative paths resolved against ``base``, which also goes first
+        on ``python_path``."""
+        search = [base, *(_anchor(base, p) for p in self.python_path)]
+        return self.model_copy(
+            update={
+                "weights": None if self.weights is None else _anchor(base, self.weights),
+                "graph": _anchor(base, self.graph),
+                "python_path": list(dict.fromkeys(search)),
+            }
+        )
 
     def _path_problems(self, where: str) -> list[str]:
         problems = []
@@ -256,6 +292,31 @@ class HopserveConfig(_Section):
             if model.name == name:
                 return model
         raise KeyError(name)
+
+    def anchored(self, base: Path) -> HopserveConfig:
+        """This config with every relative path (weights, graphs, python paths, the cache
+        key file, the spill directory) resolved against ``base``, the config file's folder,
+        as docker compose and kustomize resolve theirs."""
+        cache, engine = self.cache, self.engine
+        return self.model_copy(
+            update={
+                "models": [m.anchored(base) for m in self.models],
+                "cache": cache.model_copy(
+                    update={
+                        "integrity_key_file": None
+                        if cache.integrity_key_file is None
+                        else _anchor(base, cache.integrity_key_file)
+                    }
+                ),
+                "engine": engine.model_copy(
+                    update={
+                        "spill_dir": None
+                        if engine.spill_dir is None
+                        else _anchor(base, engine.spill_dir)
+                    }
+                ),
+            }
+        )
 
     def validate_paths(self) -> None:
         """Check every model's ``weights`` file and ``graph`` directory exist.

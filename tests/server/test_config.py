@@ -74,7 +74,37 @@ def test_defaults_without_file() -> None:
 def test_minimal_model_defaults(tmp_path: Path) -> None:
     model = load_config(write(tmp_path, MINIMAL), env={}).models[0]
     assert (model.version, model.device, model.fanouts_allowed) == ("1", "cpu", True)
-    assert model.weights is None and model.graph == Path("data/cora")
+    assert model.weights is None and model.graph == tmp_path / "data" / "cora"  # anchored
+    assert model.python_path == [tmp_path]
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypatch) -> None:
+    """Regression: paths were relative to the working directory, so `weights: w.pt` next
+    to the config was "file not found" from any other folder."""
+    folder = tmp_path / "deploy"
+    config_file = write(
+        folder.mkdir() or folder,
+        """
+        models:
+          - name: m
+            entrypoint: my_models:GCN
+            weights: w.pt
+            graph: ../data/g
+            python_path: [lib]
+        cache: {integrity_key_file: secrets/cache.key}
+        engine: {spill_dir: /abs/spill}
+        """,
+    )
+    monkeypatch.chdir(tmp_path.parent)  # anywhere else
+    config = load_config(config_file, env={"HOPSERVE_MODELS__0__WEIGHTS": "other.pt"})
+    model = config.models[0]
+    assert model.weights == folder / "other.pt"  # env values are anchored the same way
+    assert model.graph == tmp_path / "data" / "g"
+    assert model.python_path == [folder, folder / "lib"]
+    assert config.cache.integrity_key_file == folder / "secrets" / "cache.key"
+    assert config.engine.spill_dir == Path("/abs/spill")
+    with pytest.raises(ConfigError, match=str(folder / "other.pt")):
+        config.validate_paths()  # says where it looked
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,20 @@ class TinySAGE(nn.Module):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
 
 
+class TinyAPPNP(nn.Module):
+    """``Linear → APPNP(K=2)``: a K-hop conv the layer-wise engine refuses (node-wise only)."""
+
+    def __init__(self, in_dim: int, hidden: int = 8, out_dim: int = 4) -> None:
+        super().__init__()
+        from torch_geometric.nn import APPNP
+
+        self.lin = nn.Linear(in_dim, out_dim)
+        self.prop = APPNP(K=2, alpha=0.1)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.prop(self.lin(x), edge_index)
+
+
 NotAModel = 42  # an entrypoint target that is not an nn.Module class
 
 

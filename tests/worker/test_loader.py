@@ -104,3 +104,33 @@ def test_ordered_dict_state_is_fine(tmp_path, weights):
     path = tmp_path / "od.pt"
     torch.save(collections.OrderedDict(torch.load(weights, weights_only=True)), path)
     assert isinstance(load_model(ENTRYPOINT, KWARGS, path), TinySAGE)
+
+
+def test_checkpoint_dict_gets_a_hint_and_weights_key_loads_it(tmp_path, weights):
+    checkpoint = tmp_path / "ckpt.pt"
+    state = torch.load(weights, weights_only=True)
+    torch.save({"epoch": 3, "model_state_dict": state, "lr": 0.01}, checkpoint)
+    with pytest.raises(ModelLoadError, match="weights_key: model_state_dict"):
+        load_model(ENTRYPOINT, KWARGS, checkpoint)
+    model = load_model(ENTRYPOINT, KWARGS, checkpoint, weights_key="model_state_dict")
+    assert torch.equal(model.conv1.lin_l.weight, state["conv1.lin_l.weight"])
+    with pytest.raises(ModelLoadError, match=r"weights_key 'state' is not a state_dict.*epoch"):
+        load_model(ENTRYPOINT, KWARGS, checkpoint, weights_key="state")
+
+
+def test_entrypoint_module_is_imported_from_the_search_path(tmp_path, monkeypatch):
+    """Regression: a module next to the config could not be imported unless the server
+    ran from that folder."""
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    (folder / "my_loader_models.py").write_text(
+        "from support.servable import TinySAGE\n\nclass Mine(TinySAGE):\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match="searched sys.path only"):
+        load_model("my_loader_models:Mine", KWARGS, None)
+    model = load_model("my_loader_models:Mine", KWARGS, None, search_path=[folder])
+    assert type(model).__name__ == "Mine"
+    assert str(folder) not in __import__("sys").path  # only during the import
+    with pytest.raises(ModelLoadError, match=rf"searched '{tmp_path}'.*installed"):
+        load_model("not_there_mod:X", KWARGS, None, search_path=[tmp_path])

@@ -32,6 +32,12 @@ from torch import nn
 from hopserve.worker.convs.base import ConvAdapter, UnsupportedConvError
 
 Status = Literal["exact", "adapted", "refused"]
+
+NODEWISE_ADVICE = (
+    "Serve it with the exact (slower) node-wise fallback: set `fallback: nodewise` in the "
+    "model's config (LayerwiseEvaluator(..., fallback='nodewise') in Python)"
+)
+"""What every refusal recommends; usable from the YAML config and from Python."""
 AdapterFactory = Callable[[nn.Module], ConvAdapter]
 
 
@@ -282,8 +288,7 @@ def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:
         if support.status == "refused":
             raise UnsupportedConvError(
                 f"conv '{qualname}' ({type(module).__name__}) cannot be evaluated layer by "
-                f"layer: {support.note}. Use the node-wise fallback "
-                "(hopserve.NodewiseEvaluator / fallback='nodewise')."
+                f"layer: {support.note}. {NODEWISE_ADVICE}."
             )
         assert support.factory is not None
         adapter = support.factory(module)
@@ -293,6 +298,5 @@ def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:
     raise UnsupportedConvError(
         f"conv '{qualname}' ({type(module).__name__}) is not in hopserve's support matrix. "
         "If it aggregates 1-hop in-neighbours only, register it with "
-        "hopserve.register_conv(" + type(module).__name__ + "); otherwise use the node-wise "
-        "fallback (fallback='nodewise')."
+        "hopserve.register_conv(" + type(module).__name__ + "). Otherwise: " + NODEWISE_ADVICE + "."
     )

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import Block, fresh_conv_caches
+from hopserve.worker.convs.registry import NODEWISE_ADVICE
 from hopserve.worker.engine.batch import build_block, row_positions
 from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
 from hopserve.worker.engine.plan import LayerFrontier, Plan, plan_frontiers
@@ -216,9 +217,15 @@ class LayerwiseEvaluator:
             storage_targets: storage ids whose rows to return, in this order; ``None``
                 for all nodes in ascending node-ID order (``plan`` must then be full).
         """
-        if self._nodewise is not None:
-            raise RuntimeError("evaluate_plan is not available in node-wise fallback mode")
         with self._lock:
+            if self._nodewise is not None:  # exact only; the plan's frontiers are not needed
+                if plan.fanouts is not None:
+                    raise ValueError("sampling evaluation is not available in node-wise mode")
+                if storage_targets is None:
+                    storage_targets = self.graph.sorted_external_order()
+                out = self._nodewise.evaluate_storage_ids(storage_targets)
+                self.last_stats = self._nodewise.last_stats
+                return out
             return self._execute(plan, storage_targets, EvalStats(), time.perf_counter())
 
     def plan(
@@ -605,6 +612,6 @@ class LayerwiseEvaluator:
                     "layer-wise evaluation differs from the model's own forward on a probe "
                     f"graph (max abs error {err}); an op outside the convs likely mixes "
                     "nodes (e.g. a reduction or softmax over dim 0, graph-level "
-                    "normalization). Use the node-wise fallback (fallback='nodewise'). "
+                    f"normalization). {NODEWISE_ADVICE}. "
                     f"Schema:\n{self.split.describe()}"
                 )

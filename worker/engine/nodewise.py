@@ -167,13 +167,17 @@ class NodewiseEvaluator:
 
     def evaluate(self, targets: Sequence[int] | Tensor | None = None) -> Tensor:
         """Rows for ``targets`` (external IDs, request order) or all nodes (ascending ID)."""
-        t0 = time.perf_counter()
         g = self.graph
         if targets is None:
             order = g.sorted_external_order()
             storage = order if order is not None else torch.arange(g.num_nodes)
         else:
             storage = g.to_storage(torch.as_tensor(targets, dtype=torch.long).reshape(-1))
+        return self.evaluate_storage_ids(storage)
+
+    def evaluate_storage_ids(self, storage: Tensor) -> Tensor:
+        """Rows for storage ids ``storage`` (any order, duplicates allowed), in batches."""
+        t0 = time.perf_counter()
         outs = [
             self.evaluate_storage(storage[i : i + self.batch_size])
             for i in range(0, storage.numel(), self.batch_size)

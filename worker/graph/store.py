@@ -323,6 +323,15 @@ class GraphStore:
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug
             log.warning("saved version %s differs from %s", meta.version, self.version)
 
+    def edge_index(self) -> torch.Tensor:
+        """``[2, E]`` int64 edges in storage ids (row 0 source, row 1 destination), CSC order.
+
+        Feed it with :attr:`features` to the model's own forward for a full-graph reference
+        in storage order; map rows back with :meth:`to_external`.
+        """
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degrees)
+        return torch.stack([self.indices.long(), dst])
+
     # ------------------------------------------------------------------ degrees
     @cached_property
     def in_degrees(self) -> torch.Tensor:

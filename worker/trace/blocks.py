@@ -22,7 +22,7 @@ from hopserve.worker.convs.base import (
     UnsupportedConvError,
     fresh_conv_caches,
 )
-from hopserve.worker.convs.registry import adapter_for
+from hopserve.worker.convs.registry import NODEWISE_ADVICE, adapter_for
 from hopserve.worker.trace.splitter import DST, SRC, NodeFacts, partition
 from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line, trace_model
 
@@ -172,7 +172,7 @@ def _probe(
                 f"'{node.name}' at {source_line(node)} produces a tensor of shape "
                 f"{tuple(v.shape)} that is not per-node (first dimension != {n} nodes); "
                 "ops outside convs must be node-wise for layer-wise evaluation. "
-                "Use the node-wise fallback (fallback='nodewise')."
+                f"{NODEWISE_ADVICE}."
             )
         facts[node] = NodeFacts(row=row, const=not dep, bundle=bundle)
     if not isinstance(out, Tensor) or out.dim() < 1 or out.shape[0] != n:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from hopserve.worker.convs.registry import is_conv_module, load_time_refusal
+from hopserve.worker.convs.registry import NODEWISE_ADVICE, is_conv_module, load_time_refusal
 
 _GRAPH_ARG_NAMES = {"edge_index", "adj", "adj_t", "g", "graph", "block", "blocks", "mfg"}
 _FX_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
@@ -127,7 +127,7 @@ def _check_graph_uses(traced: TracedModel) -> None:
             f"the graph input '{traced.graph_arg}' is used outside a conv by "
             f"'{user.name}' at {source_line(user)}; layer-wise evaluation needs the graph to "
             "reach convs only (edge dropout, self-loop insertion or pooling in forward() "
-            "are not node-wise). Use the node-wise fallback for such models."
+            f"are not node-wise). {NODEWISE_ADVICE}."
         )
 
 
@@ -167,7 +167,7 @@ def trace_model(model: nn.Module) -> TracedModel:
         where = _user_frame(err, model)
         raise ModelTraceError(
             f"{type(model).__name__} cannot be traced by torch.fx{where}: "
-            f"{type(err).__name__}: {err}. Use the node-wise fallback (fallback='nodewise')."
+            f"{type(err).__name__}: {err}. {NODEWISE_ADVICE}."
         ) from err
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     gm.graph.eliminate_dead_code()
