@@ -37,7 +37,13 @@ from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMe
 from hopserve.worker.engine.plan import LayerFrontier, Plan, plan_frontiers
 from hopserve.worker.engine.stats import EvalStats, LayerStats
 from hopserve.worker.engine.storage import TierAllocator
-from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit, split_model
+from hopserve.worker.trace.blocks import (
+    FEATURES,
+    ConvBlock,
+    FeatureWidthError,
+    ModelSplit,
+    split_model,
+)
 from hopserve.worker.trace.splitter import SRC
 from hopserve.worker.trace.tracer import ModelTraceError
 
@@ -136,7 +142,7 @@ class LayerwiseEvaluator:
             if self_check:
                 self._self_check()
         except ModelTraceError as err:
-            if fallback == "error":
+            if fallback == "error" or isinstance(err, FeatureWidthError):
                 raise
             from hopserve.worker.engine.nodewise import NodewiseEvaluator
 

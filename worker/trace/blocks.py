@@ -423,6 +423,9 @@ def split_model(
     except ModelTraceError:
         raise
     except Exception as err:
+        mismatch = input_width_mismatch(traced, feature_dim)
+        if mismatch is not None:
+            raise FeatureWidthError(mismatch) from err
         raise ModelTraceError(
             f"{type(model).__name__} failed on a probe graph with {feature_dim}-dim features: "
             f"{type(err).__name__}: {err}"
@@ -430,10 +433,49 @@ def split_model(
     return _build_blocks(traced, facts)
 
 
+class FeatureWidthError(ModelTraceError):
+    """The graph's feature width is not what the model's first layer expects (a config
+    mistake, not a reason to fall back to node-wise evaluation)."""
+
+
+_WIDTH_ATTRS = ("in_channels", "in_features", "in_feats", "_in_feats", "_in_src_feats")
+
+
+def input_width_mismatch(traced: TracedModel, feature_dim: int) -> str | None:
+    """``"graph has F-dim features, model's first layer 'name' (Cls) expects W (check
+    kwargs)"`` when the first module reading the features declares another width."""
+    reached: set[fx.Node] = set()
+    for node in traced.gm.graph.nodes:  # topological order: the first module fed by x
+        if node.op == "placeholder":
+            if node.target == traced.feature_arg:
+                reached.add(node)
+            continue
+        if not any(i in reached for i in node.all_input_nodes):
+            continue
+        reached.add(node)
+        if node.op != "call_module":
+            continue
+        module = traced.gm.get_submodule(str(node.target))
+        for attr in _WIDTH_ATTRS:
+            width = getattr(module, attr, None)
+            if isinstance(width, tuple | list) and width:
+                width = width[0]
+            if isinstance(width, int) and width > 0:
+                if width == feature_dim:
+                    return None
+                return (
+                    f"graph has {feature_dim}-dim features, model's first layer "
+                    f"'{node.target}' ({type(module).__name__}) expects {width} (check the "
+                    "model's kwargs, or the graph the config names)"
+                )
+    return None
+
+
 __all__ = [
     "FEATURES",
     "BlockInput",
     "ConvBlock",
+    "FeatureWidthError",
     "ModelSplit",
     "call_model",
     "dst_rows",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from support import assert_exact, random_edge_index
 from support.models import JKNet, TwoConvsOneLayer, WeightShared, build
@@ -95,3 +96,18 @@ def test_describe_lists_every_block():
     split = split_model(build("jk_lstm", 4), feature_dim=4)
     text = split.describe()
     assert text.count("block ") == len(split.blocks)
+
+
+def test_feature_width_mismatch_names_both_widths_and_the_layer():
+    """Regression: a graph whose features are narrower than the model's first layer gave
+    a bare matmul error; the fallback must not hide it either."""
+    from hopserve.examples import GCN
+    from hopserve.worker.trace.blocks import FeatureWidthError
+
+    store = GraphStore.from_edge_index(random_edge_index(30, 90), torch.randn(30, 1000))
+    for fallback in ("error", "nodewise"):
+        with pytest.raises(FeatureWidthError) as info:
+            LayerwiseEvaluator(GCN(1433, 16, 7), store, fallback=fallback)
+        assert str(info.value).startswith(
+            "graph has 1000-dim features, model's first layer 'conv1' (GCNConv) expects 1433"
+        )
