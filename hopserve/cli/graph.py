@@ -14,11 +14,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from hopserve.cli import app
+
+if TYPE_CHECKING:
+    from hopserve.worker.graph.build import BuildStats
 
 synth_app = typer.Typer(
     help="Generate deterministic synthetic graphs (demo, tests, benchmarks).",
@@ -67,6 +70,21 @@ def _run(fn: Callable[[], Any]) -> Any:
         _fail(str(e), code=1)
 
 
+def _edge_summary(
+    stats: BuildStats, *, symmetrize: bool, self_loops: bool, dedup: bool, stored: int
+) -> str:
+    """One line: edges read, what each requested transform changed, edges stored."""
+    parts = [f"edges: {stats.input_edges:,} read"]
+    if symmetrize:
+        parts.append(f"symmetrize added {stats.reverse_edges_added:,} reverse edges")
+    if self_loops:
+        parts.append(f"self-loops added {stats.self_loops_added:,}")
+    if dedup:
+        parts.append(f"dedup removed {stats.duplicates_removed:,}")
+    parts.append(f"{stored:,} stored")
+    return "; ".join(parts)
+
+
 def _parse_delimiter(delimiter: str | None) -> str | None:
     if delimiter is None:
         return None
@@ -81,7 +99,13 @@ Out = Annotated[Path, typer.Option("--out", "-o", help="Graph-store directory to
 Force = Annotated[
     bool, typer.Option("--force", help="Replace an existing graph store (atomic swap).")
 ]
-Symmetrize = Annotated[bool, typer.Option("--symmetrize", help="Add the reverse of every edge.")]
+Symmetrize = Annotated[
+    bool,
+    typer.Option(
+        "--symmetrize",
+        help="Add each missing reverse edge (d, s); edges whose reverse exists are kept as is.",
+    ),
+]
 SelfLoops = Annotated[
     bool, typer.Option("--self-loops", help="Add (v, v) for every node lacking one.")
 ]
@@ -157,7 +181,7 @@ def ingest_cmd(
     With --node-ids, edge endpoints are those external IDs; otherwise they are feature
     row numbers 0..N-1. With --from-dgl, node i of the DGL graph gets external ID i.
     """
-    from hopserve.worker.graph.ingestion import ingest
+    from hopserve.worker.graph.ingestion import ingest_with_stats
 
     if from_dgl is not None:
         extra = [
@@ -192,8 +216,8 @@ def ingest_cmd(
     if missing:
         _fail(f"missing {' and '.join(missing)} (or give a DGL graph file with --from-dgl)")
     delim = _parse_delimiter(delimiter)
-    store = _run(
-        lambda: ingest(
+    result = _run(
+        lambda: ingest_with_stats(
             edges,
             features,
             out=out,
@@ -209,7 +233,16 @@ def ingest_cmd(
             progress=progress,
         )
     )
-    typer.echo(f"wrote {out}: {store!r}")
+    typer.echo(f"wrote {out}: {result.store!r}")
+    typer.echo(
+        _edge_summary(
+            result.stats,
+            symmetrize=symmetrize,
+            self_loops=self_loops,
+            dedup=dedup,
+            stored=result.store.num_edges,
+        )
+    )
 
 
 def _ingest_dgl(

@@ -1,12 +1,20 @@
 """Array-level building: input validation and CSC construction (vectorized numpy).
 
 :func:`build_csc` turns an edge list ``src -> dst`` over nodes ``0..N-1`` into CSC:
-optional symmetrize (append ``(d, s)`` for every edge ``(s, d)`` with ``s != d``; reverse
-copies that duplicate existing edges are only removed when ``dedup`` is set), optional
-self-loops (``(v, v)`` for every ``v`` lacking one), optional dedup (drop repeated
-``(s, d)`` pairs), then one int64 key sort by ``(dst, src)``, and optionally RCMK reorder
+optional symmetrize (add only the MISSING reverse edges, see below), optional self-loops
+(``(v, v)`` for every ``v`` lacking one), optional dedup (drop repeated ``(s, d)``
+pairs), then one int64 key sort by ``(dst, src)``, and optionally RCMK reorder
 (:mod:`~.reorder`) keeping the permutation. No Python loop over edges or nodes.
 :mod:`~.plan` then pairs the CSC with features, labels and IDs and writes the store.
+
+Symmetrize rule (multigraphs included): the result is the elementwise maximum
+``max(A, A^T)`` of the edge multiplicities. For every ordered pair ``(s, d)``, ``s != d``,
+occurring ``c(s, d)`` times, ``max(0, c(s, d) - c(d, s))`` copies of ``(d, s)`` are added,
+so an already symmetric list is unchanged, a directed one gets exactly its missing
+reverses, and both directions of a pair end with the same multiplicity (in-degree equals
+out-degree). Self-loops are never mirrored; duplicates are kept as given unless ``dedup``
+(which then yields the simple graph ``A | A^T``). The number of edges added is reported in
+:attr:`CSC.stats` and logged.
 
 Limits: ``N`` must be below ``3.03e9`` (the ``dst * N + src`` key must fit in int64).
 """
@@ -27,7 +35,9 @@ from hopserve.worker.graph.reorder import permute_csc, rcmk_permutation
 
 __all__ = [
     "CSC",
+    "BuildStats",
     "MAX_NODES",
+    "missing_reverse_keys",
     "normalize_reorder",
     "validate_edges",
     "validate_labels",
@@ -110,6 +120,20 @@ def validate_node_ids(node_ids: Any, num_nodes: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class BuildStats:
+    """Edge counts of one :func:`build_csc` run (all zero for transforms not requested).
+
+    ``input_edges + reverse_edges_added + self_loops_added - duplicates_removed`` is the
+    number of stored edges.
+    """
+
+    input_edges: int = 0
+    reverse_edges_added: int = 0
+    self_loops_added: int = 0
+    duplicates_removed: int = 0
+
+
+@dataclass(frozen=True)
 class CSC:
     """A CSC graph in storage order, plus how it was made.
 
@@ -120,6 +144,7 @@ class CSC:
     indices: np.ndarray  # int32/int64 [E], ascending within each segment
     perm: np.ndarray | None
     flags: GraphFlags
+    stats: BuildStats = BuildStats()
 
     @property
     def num_nodes(self) -> int:
@@ -141,6 +166,84 @@ def _keys_to_csc(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return indptr, src.astype(indices_dtype_for(n), copy=False)
 
 
+def missing_reverse_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Keys ``dst * N + src`` of the reverse edges symmetrize must add (``max(A, A^T)``).
+
+    For every unordered pair ``{u, v}``, ``u != v``, with ``c(u, v)`` edges ``u -> v`` and
+    ``c(v, u)`` edges ``v -> u``, the result holds ``|c(u, v) - c(v, u)|`` copies of the
+    rarer direction. Self-loops are ignored. One uint64 sort of the pair keys
+    ``(min * N + max) * 2 + (src > dst)``, which fit because ``2 * N**2 <= 2**64 - 1`` for
+    ``N <= MAX_NODES``; no per-edge lookups.
+
+    Args:
+        src, dst: int64 arrays ``[E]`` of node indices ``0..N-1`` (any order).
+        num_nodes: ``N``, at most :data:`MAX_NODES`.
+
+    Returns:
+        Sorted int64 edge keys (``dst * N + src``) of the edges to add.
+    """
+    n = int(num_nodes)
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    if src.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    pair = np.minimum(src, dst).view(np.uint64)  # fresh array, reinterpreted in place
+    pair *= np.uint64(n)
+    hi = np.maximum(src, dst)
+    pair += hi.view(np.uint64)
+    del hi
+    pair <<= np.uint64(1)
+    np.add(pair, src > dst, out=pair, casting="unsafe")  # direction bit
+    pair.sort()
+    first = np.empty(pair.size, dtype=bool)  # run starts: one run per (pair, direction)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    del first
+    runs = pair[starts]
+    del pair
+    counts = np.diff(starts, append=src.size)
+    del starts
+    is_down = (runs & np.uint64(1)).astype(bool)
+    runs >>= np.uint64(1)
+    canon = runs.view(np.int64)  # min * N + max <= N**2 - 1 fits; = key of max -> min
+    del runs
+    # A pair has one or two runs, "up" (min -> max; self-loops too) first: the run after
+    # an up run with the same pair key is its down partner.
+    same_next = canon[1:] == canon[:-1]
+    partner = np.zeros_like(counts)
+    partner[:-1] = np.where(same_next, counts[1:], 0)
+    partner[1:] += np.where(same_next, counts[:-1], 0)
+    del same_next
+    surplus = counts
+    surplus -= partner
+    del partner
+    need = surplus > 0
+    need &= canon % (n + 1) != 0  # v * N + v is a self-loop: never mirrored
+    up_keys = canon[need & ~is_down]  # add max -> min: key = pair key; ascending already
+    lo, hi = np.divmod(canon[need & is_down], n)
+    down_keys = hi * n + lo  # add min -> max: key max * N + min
+    del lo, hi
+    down_keys.sort()
+    keys = _merge_sorted(up_keys, down_keys)
+    del up_keys, down_keys
+    extra = need & (surplus > 1)  # rare: duplicated edges lacking (enough) reverses
+    if extra.any():
+        lo, hi = np.divmod(canon[extra], n)
+        more = np.repeat(np.where(is_down[extra], hi * n + lo, canon[extra]), surplus[extra] - 1)
+        more.sort()
+        keys = _merge_sorted(keys, more)
+    return keys
+
+
+def _merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Merge two sorted int64 arrays (a stable sort merges the two runs in linear time)."""
+    if b.size == 0:
+        return a
+    out = np.concatenate([a, b])
+    out.sort(kind="stable")
+    return out
+
+
 def build_csc(
     src: Any,
     dst: Any,
@@ -157,12 +260,17 @@ def build_csc(
     Args:
         src, dst: integer arrays ``[E]`` of node indices ``0..N-1``.
         num_nodes: ``N``.
-        symmetrize: also add ``(d, s)`` for each ``(s, d)``, ``s != d`` (self-loops are not
-            doubled). Reverse copies of edges already present remain unless ``dedup``.
+        symmetrize: add the missing reverse edges: ``max(0, c(s, d) - c(d, s))`` copies of
+            ``(d, s)`` per distinct ``(s, d)``, ``s != d`` (``c`` = multiplicity), giving
+            ``max(A, A^T)``. An already symmetric list is unchanged; self-loops are never
+            mirrored; duplicates are kept unless ``dedup``. The count is in ``stats``.
         add_self_loops: add ``(v, v)`` for every node without one.
         dedup: keep one copy of each distinct ``(s, d)``.
         reorder: ``"rcmk"`` or ``None``/``"none"`` (identity).
         progress: show a progress bar (stderr TTY only).
+
+    Returns:
+        The CSC, with :class:`BuildStats` of what each transform added or removed.
 
     Raises:
         ValueError: bad edges (see :func:`validate_edges`) or options.
@@ -171,31 +279,42 @@ def build_csc(
     src, dst = validate_edges(src, dst, num_nodes)
     n = int(num_nodes)
     flags = GraphFlags(symmetrized=symmetrize, self_loops=add_self_loops, dedup=dedup)
+    e_in = int(src.size)
     if n == 0:
-        return CSC(np.zeros(1, np.int64), np.zeros(0, indices_dtype_for(0)), None, flags)
+        indptr, indices = np.zeros(1, np.int64), np.zeros(0, indices_dtype_for(0))
+        return CSC(indptr, indices, None, flags, BuildStats(input_edges=e_in))
     t0 = time.perf_counter()
     steps = 3 + (ordering == "rcmk")
+    n_rev = n_loops = n_dups = 0
     with progress_bar(total=steps, desc="build CSC", unit="step", enabled=progress) as bar:
-        if symmetrize:
-            off = src != dst
-            rsrc, rdst = dst[off], src[off]
-            src, dst = np.concatenate([src, rsrc]), np.concatenate([dst, rdst])
-            del rsrc, rdst, off
         keys = np.multiply(dst, n)
         keys += src
-        if add_self_loops:
+        missing = None
+        if add_self_loops:  # symmetrize never adds loops, so the input decides which lack one
             has_loop = np.zeros(n, dtype=bool)
             has_loop[src[src == dst]] = True
-            missing = np.flatnonzero(~has_loop)
-            keys = np.concatenate([keys, missing * (n + 1)])
+            missing = np.flatnonzero(~has_loop) * (n + 1)  # ascending keys of (v, v)
+            del has_loop
+        rev = missing_reverse_keys(src, dst, n) if symmetrize else None
         del src, dst
         bar.update()
         keys.sort()
+        if rev is not None:
+            n_rev = int(rev.size)
+            keys = _merge_sorted(keys, rev)
+            del rev
+            log.info("symmetrize: added %d reverse edges to %d input edges", n_rev, e_in)
+        if missing is not None:
+            n_loops = int(missing.size)
+            keys = _merge_sorted(keys, missing)
+            del missing
         if dedup and keys.size:
             keep = np.empty(keys.size, dtype=bool)
             keep[0] = True
             np.not_equal(keys[1:], keys[:-1], out=keep[1:])
+            before = keys.size
             keys = keys[keep]
+            n_dups = int(before - keys.size)
             del keep
         bar.update()
         indptr, indices = _keys_to_csc(keys, n)
@@ -213,4 +332,5 @@ def build_csc(
         ordering,
         time.perf_counter() - t0,
     )
-    return CSC(indptr, indices, perm, flags)
+    stats = BuildStats(e_in, n_rev, n_loops, n_dups)
+    return CSC(indptr, indices, perm, flags, stats)

@@ -6,19 +6,22 @@ feature row ``i`` and edge endpoints are external IDs; without, endpoints are fe
 indices ``0..N-1``. Every problem raises :class:`~.errors.IngestError` naming the file and,
 where it applies, the 1-based row; nothing is left on disk when ingest fails (the write
 is atomic, and a non-empty target is refused before any work unless ``overwrite``).
+:func:`ingest_with_stats` also returns what the edge transforms did (e.g. how many reverse
+edges ``symmetrize`` added), for the CLI summary.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hopserve.worker.graph.atomic import check_target
-from hopserve.worker.graph.build import build_csc, normalize_reorder
+from hopserve.worker.graph.build import BuildStats, build_csc, normalize_reorder
 from hopserve.worker.graph.errors import IngestError
 from hopserve.worker.graph.ids import IdIndex
 from hopserve.worker.graph.plan import ArrayFeatures, plan_from_csc, write_plan
@@ -34,7 +37,7 @@ from hopserve.worker.graph.readers import (
 if TYPE_CHECKING:
     from hopserve.worker.graph.store import GraphStore
 
-__all__ = ["ingest"]
+__all__ = ["IngestResult", "ingest", "ingest_with_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,14 @@ def _resolve_endpoints(
     return edges.src, edges.dst
 
 
+@dataclass(frozen=True)
+class IngestResult:
+    """What :func:`ingest_with_stats` wrote: the opened store and the edge counts."""
+
+    store: GraphStore
+    stats: BuildStats
+
+
 def ingest(
     edges: str | Path,
     features: str | Path,
@@ -102,8 +113,54 @@ def ingest(
 ) -> GraphStore:
     """Validate input files, build the CSC store and write it to ``out`` atomically.
 
+    ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
+
     Returns:
         The written store, opened memory-mapped.
+
+    Raises:
+        IngestError: bad input (names file and row); nothing is written.
+        FileExistsError: ``out`` is not empty and ``overwrite`` is false.
+    """
+    return ingest_with_stats(
+        edges,
+        features,
+        out=out,
+        node_ids=node_ids,
+        labels=labels,
+        symmetrize=symmetrize,
+        add_self_loops=add_self_loops,
+        dedup=dedup,
+        reorder=reorder,
+        delimiter=delimiter,
+        skip_header=skip_header,
+        overwrite=overwrite,
+        progress=progress,
+    ).store
+
+
+def ingest_with_stats(
+    edges: str | Path,
+    features: str | Path,
+    *,
+    out: str | Path,
+    node_ids: str | Path | None = None,
+    labels: str | Path | None = None,
+    symmetrize: bool = False,
+    add_self_loops: bool = False,
+    dedup: bool = False,
+    reorder: str | None = "rcmk",
+    delimiter: str | None = None,
+    skip_header: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> IngestResult:
+    """:func:`ingest`, also returning the edge counts of the build.
+
+    Returns:
+        The written store (opened memory-mapped) and :class:`~.build.BuildStats`
+        (input edges, reverse edges added by ``symmetrize``, self-loops added, duplicates
+        removed).
 
     Raises:
         IngestError: bad input (names file and row); nothing is written.
@@ -142,4 +199,4 @@ def ingest(
     plan = plan_from_csc(csc, ArrayFeatures(feats), labels=lab, node_ids=ids)
     write_plan(out, plan, overwrite=overwrite, progress=progress)
     log.info("ingest done in %.1fs", time.perf_counter() - t0)
-    return GraphStore.open(out)
+    return IngestResult(GraphStore.open(out), csc.stats)

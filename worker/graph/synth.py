@@ -202,6 +202,34 @@ def _num_generated(num_nodes: int, avg_degree: float, symmetrize: bool) -> int:
     return int(round(num_nodes * avg_degree / (2.0 if symmetrize else 1.0)))
 
 
+def _generated_csc(
+    src: np.ndarray,
+    dst: np.ndarray,
+    num_nodes: int,
+    symmetrize: bool,
+    add_self_loops: bool,
+    dedup: bool,
+    reorder: str | None,
+    progress: bool,
+) -> CSC:
+    """The CSC of generated edges. With ``symmetrize`` every generated non-loop edge is
+    mirrored here (the generators draw half of the edges), so ``build_csc`` finds no
+    reverse missing and adds none."""
+    if symmetrize:
+        off = src != dst
+        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
+    return build_csc(
+        src,
+        dst,
+        num_nodes,
+        symmetrize=symmetrize,
+        add_self_loops=add_self_loops,
+        dedup=dedup,
+        reorder=reorder,
+        progress=progress,
+    )
+
+
 def _finish(
     csc: CSC,
     *,
@@ -278,17 +306,8 @@ def synth_powerlaw(
     if num_classes:
         labels = _rng(seed, _STREAM_NODES).integers(0, num_classes, num_nodes)
     log.info("generated %d R-MAT edges in %.1fs", m, time.perf_counter() - t0)
-    csc = build_csc(
-        src,
-        dst,
-        num_nodes,
-        symmetrize=symmetrize,
-        add_self_loops=add_self_loops,
-        dedup=dedup,
-        reorder=reorder,
-        progress=progress,
-    )
-    del src, dst
+    csc = _generated_csc(src, dst, num_nodes, symmetrize, add_self_loops, dedup, reorder, progress)
+    del src, dst  # edge lists can be GBs; the CSC holds what is needed
     return _finish(
         csc,
         feature_dim=feature_dim,
@@ -334,17 +353,8 @@ def synth_sbm(
     m = _num_generated(num_nodes, avg_degree, symmetrize)
     labels = _rng(seed, _STREAM_NODES).permutation(np.arange(num_nodes) % num_classes)
     src, dst = sbm_edges(labels, m, intra_fraction=intra_fraction, seed=seed)
-    csc = build_csc(
-        src,
-        dst,
-        num_nodes,
-        symmetrize=symmetrize,
-        add_self_loops=add_self_loops,
-        dedup=dedup,
-        reorder=reorder,
-        progress=progress,
-    )
-    del src, dst
+    csc = _generated_csc(src, dst, num_nodes, symmetrize, add_self_loops, dedup, reorder, progress)
+    del src, dst  # edge lists can be GBs; the CSC holds what is needed
     return _finish(
         csc,
         feature_dim=feature_dim,

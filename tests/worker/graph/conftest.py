@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -17,10 +17,17 @@ def reference_in_neighbours(
     add_self_loops: bool = False,
     dedup: bool = False,
 ) -> dict[int, list[int]]:
-    """Python-loop reference: node -> sorted in-neighbours (multiset unless dedup)."""
+    """Python-loop reference: node -> sorted in-neighbours (multiset unless dedup).
+
+    ``symmetrize`` adds ``max(0, c(s, d) - c(d, s))`` copies of ``(d, s)`` per distinct
+    ``(s, d)``, ``s != d`` (``c`` = multiplicity): only the missing reverse edges.
+    """
     edges = [(int(s), int(d)) for s, d in edges]
     if symmetrize:
-        edges = edges + [(d, s) for s, d in edges if s != d]
+        count = Counter(edges)
+        edges = edges + [
+            (d, s) for (s, d), k in count.items() if s != d for _ in range(k - count[(d, s)])
+        ]
     if add_self_loops:
         have = {s for s, d in edges if s == d}
         edges = edges + [(v, v) for v in range(num_nodes) if v not in have]

@@ -62,10 +62,13 @@ def test_transforms_match_reference(reference, symmetrize, self_loops, dedup, re
 
 
 def test_symmetrize_semantics_documented():
-    # (0,1) and (1,0) both present: symmetrize keeps the reverse copies unless dedup.
+    # (0,1) and (1,0) both present: nothing is missing, so symmetrize adds nothing
+    # (it used to add a second copy of each; see test_graph_symmetrize.py).
     src, dst = np.array([0, 1]), np.array([1, 0])
-    assert build_csc(src, dst, 2, symmetrize=True, reorder=None).num_edges == 4
+    assert build_csc(src, dst, 2, symmetrize=True, reorder=None).num_edges == 2
     assert build_csc(src, dst, 2, symmetrize=True, dedup=True, reorder=None).num_edges == 2
+    # only (0,1): its reverse is added
+    assert build_csc([0], [1], 2, symmetrize=True, reorder=None).num_edges == 2
     # self-loops are not doubled by symmetrize
     assert build_csc([0], [0], 1, symmetrize=True, reorder=None).num_edges == 1
 
