@@ -10,8 +10,10 @@ runs without torch.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,7 +36,7 @@ class LoadSpec:
     cache_policy: str = "use"
     fanouts: list[int] | None = None
     seed: int = 0
-    node_ids: np.ndarray | None = None  # valid IDs; default 0..graph_num_nodes-1
+    node_ids: np.ndarray | None = None  # IDs to draw from (read_node_ids); default 0..N-1
     timeout_s: float = 10.0
 
 
@@ -52,10 +54,46 @@ class LoadReport:
     mean_ms: float
     targets_per_request: float
     concurrency: int
+    first_error: str = ""  # the first failed request's error ("[CODE] message")
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def read_node_ids(path: str | Path) -> np.ndarray:
+    """External node IDs to draw targets from: a graph-store directory (its ID map), a
+    ``.npy`` array, or a text/CSV file with one ID per line (first column; a header line
+    is skipped).
+
+    Raises:
+        ValueError: no IDs, or a value that is not an integer (naming the file and line).
+    """
+    path = Path(path)
+    if path.is_dir():  # a graph store: node_ids.npy, or identity IDs 0..N-1 (meta.json)
+        if (path / "node_ids.npy").is_file():
+            ids = np.load(path / "node_ids.npy", mmap_mode="r")
+        else:
+            ids = np.arange(int(json.loads((path / "meta.json").read_text())["num_nodes"]))
+    elif path.suffix == ".npy":
+        ids = np.load(path)
+    else:
+        values = []
+        for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+            cell = line.split(",")[0].strip()
+            if not cell:
+                continue
+            try:
+                values.append(int(cell))
+            except ValueError:
+                if line_no == 1:
+                    continue  # a header
+                raise ValueError(f"{path}:{line_no}: {cell!r} is not an integer node ID") from None
+        ids = np.asarray(values)
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size == 0 or ids.dtype.kind not in "iu":
+        raise ValueError(f"{path}: no integer node IDs")
+    return ids.astype(np.int64)
 
 
 class TargetSampler:
@@ -91,6 +129,7 @@ async def run_load(target: str, spec: LoadSpec) -> LoadReport:
         latencies: list[float] = []
         sizes: list[int] = []
         errors: dict[str, int] = {}
+        first_error: list[str] = []
         start = time.perf_counter()
         record_from = start + spec.warmup_s
         stop_at = record_from + spec.duration_s
@@ -109,6 +148,8 @@ async def run_load(target: str, spec: LoadSpec) -> LoadReport:
                     ok = True
                 except HopserveError as err:
                     ok = False
+                    if not first_error:
+                        first_error.append(str(err))
                     if now >= record_from:
                         errors[err.code.name] = errors.get(err.code.name, 0) + 1
                 done = time.perf_counter()
@@ -129,4 +170,5 @@ async def run_load(target: str, spec: LoadSpec) -> LoadReport:
         mean_ms=float(lat.mean()),
         targets_per_request=float(np.mean(sizes)) if sizes else 0.0,
         concurrency=spec.concurrency,
+        first_error=first_error[0] if first_error else "",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,11 +25,28 @@ def loadtest(
     cache: Annotated[str, typer.Option(help="use | refresh | bypass")] = "use",
     fanouts: Annotated[str | None, typer.Option(help="Per-layer fanouts, e.g. 10,10.")] = None,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    nodes_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--nodes-file",
+            "--graph",
+            help="Node IDs to query: the model's graph-store directory (its ID map), a "
+            ".npy array or a text/CSV file with one ID per line. Default: 0..N-1, which "
+            "only fits graphs ingested without external IDs.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Report QPS and p50/p95/p99 latency at a given concurrency."""
-    from hopserve.client.loadtest import LoadSpec, run_load
+    from hopserve.client.loadtest import LoadSpec, read_node_ids, run_load
 
+    node_ids = None
+    if nodes_file is not None:
+        try:
+            node_ids = read_node_ids(nodes_file)
+        except (OSError, ValueError, KeyError) as err:
+            typer.echo(f"error: --nodes-file {nodes_file}: {err}", err=True)
+            raise typer.Exit(2) from None
     spec = LoadSpec(
         model=model,
         concurrency=concurrency,
@@ -40,6 +58,7 @@ def loadtest(
         cache_policy=cache,
         fanouts=[int(f) for f in fanouts.split(",")] if fanouts else None,
         seed=seed,
+        node_ids=node_ids,
     )
     report = asyncio.run(run_load(target, spec))
     if as_json:
@@ -51,3 +70,10 @@ def loadtest(
         f"p95 {report.p95_ms:.2f} ms, p99 {report.p99_ms:.2f} ms, "
         f"{report.targets_per_request:.1f} targets/request, errors {report.errors or 0}"
     )
+    if report.first_error:
+        hint = (
+            " (the IDs drawn are 0..N-1; pass --graph <graph dir> or --nodes-file)"
+            if nodes_file is None and "[INVALID_ARGUMENT]" in report.first_error
+            else ""
+        )
+        typer.echo(f"first error: {report.first_error}{hint}", err=True)
