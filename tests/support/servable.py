@@ -50,6 +50,14 @@ class TinyAPPNP(nn.Module):
         return self.prop(self.lin(x), edge_index)
 
 
+class MixesNodes(TinySAGE):
+    """``TinySAGE`` with a softmax over the node dimension: not node-wise, so the load-time
+    self-check refuses it (its message is several lines: the reason and the schema)."""
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, edge_index).softmax(dim=0)
+
+
 NotAModel = 42  # an entrypoint target that is not an nn.Module class
 
 

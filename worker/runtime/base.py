@@ -147,15 +147,35 @@ class Worker(abc.ABC):
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"{where}: graph {str(cfg.graph)!r}: {err}") from err
         try:
-            model = load_model(cfg.entrypoint, cfg.kwargs, cfg.weights, device="cpu")
+            model = load_model(
+                cfg.entrypoint,
+                cfg.kwargs,
+                cfg.weights,
+                device="cpu",
+                search_path=cfg.python_path,
+                weights_key=cfg.weights_key,
+            )
         except ModelLoadError as err:
             raise ModelLoadError(f"{where}: {err}") from None
-        return self.add_model(cfg.name, cfg.version, model, graph, engine)
+        return self.add_model(
+            cfg.name, cfg.version, model, graph, engine, fallback=cfg.fallback, hops=cfg.hops
+        )
 
     def add_model(
-        self, name: str, version: str, model: nn.Module, graph, engine=None
+        self,
+        name: str,
+        version: str,
+        model: nn.Module,
+        graph,
+        engine=None,
+        *,
+        fallback: str = "error",
+        hops: int | None = None,
     ) -> LoadedModel:
         """Serve an already built ``model`` on ``graph`` as ``(name, version)``.
+
+        ``fallback="nodewise"`` serves a model the layer-wise engine refuses node by node
+        (``hops`` is its receptive field when it cannot be inferred).
 
         Raises:
             ModelLoadError: the model cannot be split into layers (names the reason).
@@ -174,7 +194,13 @@ class Worker(abc.ABC):
             }
         try:
             evaluator = LayerwiseEvaluator(
-                model, graph, device=self.device, progress=False, **kwargs
+                model,
+                graph,
+                device=self.device,
+                progress=False,
+                fallback=fallback,
+                hops=hops,
+                **kwargs,
             )
         except ModelTraceError as err:
             raise ModelLoadError(f"model {name!r} version {version!r}: {err}") from None
@@ -330,12 +356,21 @@ class Worker(abc.ABC):
 
 
 def _output_dim(evaluator) -> int:
-    """Output width, from one forward of the model on a tiny probe graph."""
-    from hopserve.worker.convs.base import fresh_conv_caches
-    from hopserve.worker.trace.blocks import probe_graph
+    """Output width, from one forward of the model on a small probe graph.
 
-    ei = probe_graph(num_nodes=8)
-    x = torch.zeros(8, evaluator.graph.feature_dim, device=evaluator.device)
+    The model is called in its own style (``model(x, edge_index)`` for PyG,
+    ``model(dgl_graph, x)`` for DGL), on the probe graph the evaluator's self-check uses
+    (with the self-loops a DGL conv that refuses zero in-degree needs). The style is the
+    split's, or the node-wise fallback's (``split is None``).
+    """
+    from hopserve.worker.convs.base import fresh_conv_caches
+    from hopserve.worker.engine.nodewise import model_style
+    from hopserve.worker.trace.blocks import call_model, probe_edge_index
+
+    split = getattr(evaluator, "split", None)
+    style = split.style if split is not None else model_style(evaluator.model)
+    ei, n = probe_edge_index(evaluator.model, style)
+    x = torch.zeros(n, evaluator.graph.feature_dim, device=evaluator.device)
     with torch.no_grad(), fresh_conv_caches(evaluator.model):
-        out = evaluator.model(x, ei.to(evaluator.device))
+        out = call_model(evaluator.model, style, x, ei.to(evaluator.device))
     return int(out[0].numel()) if out.dim() > 1 else 1

@@ -211,3 +211,28 @@ def test_make_worker_picks_the_class():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             make_worker("cuda:0")
+
+
+def test_refused_model_says_how_to_serve_it_and_the_config_fallback_serves_it(servable):
+    """Regression: refusals recommended `fallback='nodewise'`, a key the YAML config did
+    not have."""
+    from hopserve.server.config import ModelConfig
+
+    fields = servable.config().model_dump() | {
+        "entrypoint": "support.servable:TinyAPPNP",
+        "weights": None,
+    }
+    worker = make_worker("cpu", worker_id="fallback")
+    try:
+        with pytest.raises(ModelLoadError, match="`fallback: nodewise` in the model's config"):
+            worker.load_model(ModelConfig(**fields))
+        loaded = worker.load_model(ModelConfig(**fields | {"fallback": "nodewise"}))
+        assert loaded.evaluator.mode == "nodewise"
+        store = servable.store
+        with torch.no_grad():
+            want = loaded.evaluator.model(store.features, store.edge_index())
+        targets = [5, 0, 77, 77]
+        got = worker.execute(Job("n", "tiny", "1", np.array(targets))).embeddings
+        assert_exact(torch.from_numpy(got), want[targets], "node-wise via config")
+    finally:
+        worker.close()
