@@ -4,32 +4,31 @@
 
     hopserve serve --config hopserve.yaml
     hopserve serve --config hopserve.yaml --port 6000 --metrics-port 0   # metrics off
+    hopserve serve --config hopserve.yaml --check    # validate config and models, exit
 
 Serves ``hopserve.v1.EmbeddingService``, gRPC health and reflection on ``server.port``
 and Prometheus metrics on ``server.metrics_port``, with an embedded in-process worker
-(``server.workers`` empty) or remote workers. Runs until SIGINT or SIGTERM, then shuts
-down gracefully (``server.grace_period_s`` for in-flight requests). A bad configuration,
-or a model the embedded worker cannot load, exits with code 2 and one ``error: ...`` line.
+(``server.workers`` empty) or remote workers. Says "serving" once every model is ready;
+runs until SIGINT or SIGTERM, then shuts down gracefully (``server.grace_period_s`` for
+in-flight requests). A bad configuration exits with code 2 and one ``error: ...`` line;
+so do models that cannot be loaded, one line each (``-v`` for the full reasons).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
 from hopserve.cli import app
+from hopserve.cli.common import fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.serve")
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
 
 
 @app.command("serve")
@@ -44,29 +43,58 @@ def serve_cmd(
         int | None,
         typer.Option("--metrics-port", min=0, max=65535, help="Metrics port override (0 = off)."),
     ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Validate the config and load every model (import, weights, graph, "
+            "layer-wise split and self-check) without serving; exit 0 if all are servable.",
+        ),
+    ] = False,
 ) -> None:
     """Serve node embeddings over gRPC (the front-end)."""
-    from hopserve.server.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(config)
-        overrides = {
-            k: v for k, v in (("port", port), ("metrics_port", metrics_port)) if v is not None
-        }
-        if overrides:
-            merged = cfg.server.model_dump() | overrides
-            cfg = cfg.model_copy(update={"server": type(cfg.server).model_validate(merged)})
-        cfg.validate_paths()
-    except ConfigError as err:
-        _fail(str(err))
-    except ValueError as err:  # an override that fails validation (e.g. equal ports)
-        _fail(f"{config}: {err}")
-    logging.getLogger().setLevel(cfg.logging.level)
-    if not cfg.models:
-        _fail(f"{config}: no models configured")
+    cfg = load_cli_config(config, port=port, metrics_port=metrics_port)
+    if check:
+        raise typer.Exit(code=_check(cfg))
     code = asyncio.run(_serve(cfg))
     if code:
         raise typer.Exit(code=code)
+
+
+def _check(cfg) -> int:  # noqa: ANN001 - HopserveConfig
+    """Load every model as a worker would; one line per model; the exit code."""
+    if importlib.util.find_spec("torch") is None:
+        typer.echo(
+            "config ok; models not checked: torch is not installed here (a front-end-only "
+            "install); each worker checks its models at start-up",
+            err=True,
+        )
+        return 0
+    import torch
+
+    from hopserve.worker.runtime import make_worker
+
+    failures = []
+    workers: dict[str, object] = {}
+    for model in cfg.models:
+        device = model.device if model.device == "cpu" or torch.cuda.is_available() else "cpu"
+        try:
+            worker = workers.get(device) or workers.setdefault(device, make_worker(device))
+            loaded = worker.load_model(model, cfg.engine)  # type: ignore[attr-defined]
+        except Exception as err:  # report every model
+            log.debug("model %r failed its check", model.name, exc_info=True)
+            failures.append((model.name, model.version, str(err)))
+            continue
+        graph = loaded.graph
+        typer.echo(
+            f"ok: model {model.name!r} version {model.version!r}: {loaded.evaluator.mode}, "
+            f"{loaded.num_layers} layers, dim {loaded.dim}, graph {graph.num_nodes:,} nodes / "
+            f"{graph.num_edges:,} edges (version {graph.version[:12]}) on {device}",
+            err=True,
+        )
+    for worker in workers.values():
+        worker.close()  # type: ignore[attr-defined]
+    return 2 if report_model_failures(failures) else 0
 
 
 async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
@@ -78,27 +106,28 @@ async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
         service = await build_server(cfg)
         await service.start()
     except ConfigError as err:
-        _fail(str(err))
+        fail(str(err))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, sig, stop)
-    metrics = f"http://{cfg.server.host}:{service.metrics_port}/metrics"
-    typer.echo(
-        f"hopserve serving gRPC on {cfg.server.host}:{service.port}, metrics on "
-        f"{metrics if service.metrics_port else '(disabled)'}",
-        err=True,
-    )
     code = 0
     ready = asyncio.ensure_future(service.wait_ready())
     halted = asyncio.ensure_future(stop.wait())
     await asyncio.wait({ready, halted}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done() and not ready.result():
-        failed = [f"{m.name}: {m.error}" for m in service.models if m.state == "failed"]
-        typer.echo(f"error: model(s) failed to load: {'; '.join(failed)}", err=True)
+        failed = [(m.name, m.version, m.error) for m in service.models if m.state == "failed"]
+        report_model_failures(failed)
         code = 2
     elif ready.done():
-        log.info("all models ready")
+        host = cfg.server.host
+        metrics = f"http://{host}:{service.metrics_port}/metrics"
+        names = ", ".join(f"{m.name}:{m.version}" for m in service.models)
+        typer.echo(
+            f"hopserve serving [{names}] on gRPC {host}:{service.port}, metrics on "
+            f"{metrics if service.metrics_port else '(disabled)'}",
+            err=True,
+        )
         await halted
     ready.cancel()
     halted.cancel()

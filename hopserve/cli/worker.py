@@ -7,8 +7,9 @@
 
 Loads every model of the config (weights, graph store, layer-wise split) onto the device,
 then serves ``hopserve.v1.WorkerService`` (plus gRPC health and reflection) until SIGINT
-or SIGTERM; in-flight jobs get ``server.grace_period_s`` to finish. Bad configuration or
-a model that cannot be loaded exits with code 2 and one ``error: ...`` line.
+or SIGTERM; in-flight jobs get ``server.grace_period_s`` to finish. A bad configuration
+exits with code 2 and one ``error: ...`` line; so do models that cannot be loaded, one
+line each (every model is tried; ``-v`` prints the full reasons).
 """
 
 from __future__ import annotations
@@ -17,18 +18,14 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
 from hopserve.cli import app
+from hopserve.cli.common import fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.worker")
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
 
 
 @app.command("worker")
@@ -52,33 +49,29 @@ def worker_cmd(
     ] = 16,
 ) -> None:
     """Serve the configured models on one device (the front-end's remote worker)."""
-    from hopserve.server.config import ConfigError, load_config
-    from hopserve.worker.loader import ModelLoadError
     from hopserve.worker.runtime import make_worker
     from hopserve.worker.service import serve_worker
 
-    try:
-        cfg = load_config(config)
-        cfg.validate_paths()
-    except ConfigError as err:
-        _fail(str(err))
-    logging.getLogger().setLevel(cfg.logging.level)
-    if not cfg.models:
-        _fail(f"{config}: no models configured")
+    cfg = load_cli_config(config)
     kwargs = {"num_threads": threads} if device == "cpu" else {}
     try:
         worker = make_worker(device, **kwargs)
     except (ValueError, RuntimeError) as err:
-        _fail(str(err))
-    try:
-        for model in cfg.models:
+        fail(str(err))
+    failures = []
+    for model in cfg.models:
+        try:
             worker.load_model(model, cfg.engine)
-    except ModelLoadError as err:
-        _fail(str(err))
+        except Exception as err:  # every model is tried; each failure is reported
+            log.debug("model %r failed to load", model.name, exc_info=True)
+            failures.append((model.name, model.version, str(err)))
+    if report_model_failures(failures):
+        worker.close()
+        raise typer.Exit(code=2)
     try:
         server, bound = serve_worker(worker, host, port, max_pending_jobs=max_pending_jobs)
     except RuntimeError as err:
-        _fail(str(err), code=1)
+        fail(str(err), code=1)
 
     stop = threading.Event()
 
