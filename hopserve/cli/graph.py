@@ -14,11 +14,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hopserve.cli import app
+from hopserve.cli.common import fail
 
 if TYPE_CHECKING:
     from hopserve.worker.graph.build import BuildStats
@@ -55,19 +56,14 @@ _DELIMITERS: dict[str, str | None] = {
 }
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
-
-
 def _run(fn: Callable[[], Any]) -> Any:
     """Run a build step, turning expected failures into ``error: ...`` and an exit code."""
     try:
         return fn()
     except (ValueError, FileExistsError) as e:  # IngestError, GraphFormatError are ValueErrors
-        _fail(str(e))
+        fail(str(e))
     except OSError as e:
-        _fail(str(e), code=1)
+        fail(str(e), code=1)
 
 
 def _edge_summary(
@@ -91,7 +87,7 @@ def _parse_delimiter(delimiter: str | None) -> str | None:
     if delimiter.lower() in _DELIMITERS:
         return _DELIMITERS[delimiter.lower()]
     if len(delimiter) != 1:
-        _fail(f"unknown --delimiter {delimiter!r}: use ',', 'tab', 'space' or one character")
+        fail(f"unknown --delimiter {delimiter!r}: use ',', 'tab', 'space' or one character")
     return delimiter
 
 
@@ -196,7 +192,7 @@ def ingest_cmd(
             if value is not None
         ]
         if extra:
-            _fail(f"--from-dgl cannot be combined with {', '.join(extra)}")
+            fail(f"--from-dgl cannot be combined with {', '.join(extra)}")
         store = _ingest_dgl(
             from_dgl,
             out,
@@ -214,7 +210,7 @@ def ingest_cmd(
         return
     missing = [f for f, v in (("--edges", edges), ("--features", features)) if v is None]
     if missing:
-        _fail(f"missing {' and '.join(missing)} (or give a DGL graph file with --from-dgl)")
+        fail(f"missing {' and '.join(missing)} (or give a DGL graph file with --from-dgl)")
     delim = _parse_delimiter(delimiter)
     result = _run(
         lambda: ingest_with_stats(
@@ -261,20 +257,20 @@ def _ingest_dgl(
     try:
         import dgl
     except Exception as err:  # not installed, or a build that does not load with this torch
-        _fail(
+        fail(
             f"--from-dgl needs DGL ({type(err).__name__}: {err}); install a DGL build that "
             "matches your torch (hopserve[dgl], see README) or use `make dgl-env`"
         )
     from hopserve.worker.graph.store import GraphStore
 
     if not path.is_file():
-        _fail(f"{path}: no such file")
+        fail(f"{path}: no such file")
     try:
         graphs, _ = dgl.load_graphs(str(path))
     except Exception as err:
-        _fail(f"{path}: cannot be read by dgl.load_graphs: {err}")
+        fail(f"{path}: cannot be read by dgl.load_graphs: {err}")
     if graph_index >= len(graphs):
-        _fail(f"{path} holds {len(graphs)} graph(s); --graph-index {graph_index} is out of range")
+        fail(f"{path} holds {len(graphs)} graph(s); --graph-index {graph_index} is out of range")
 
     def build() -> GraphStore:
         store = GraphStore.from_dgl(
