@@ -1,28 +1,57 @@
 """Graph store: on-disk CSC graphs with features, their ingest and synthetic generators.
 
-Public API: :class:`GraphStore` (open / build / save / ID lookup), :func:`ingest`,
-:func:`synth_powerlaw`, :func:`synth_sbm`, :class:`GraphMeta` and the errors
-:class:`GraphFormatError`, :class:`IngestError`, :class:`UnknownNodeError`.
-Modules, one concept each: ``format`` (layout + meta schema), ``store``, ``build``
-(validation, CSC), ``plan`` (materialize / atomic write), ``reorder`` (RCMK), ``ids``
-(external IDs), ``readers`` (input files), ``ingestion``, ``synth``, ``atomic``,
-``version``, ``errors``, ``progress``.
+Public API: :class:`GraphStore` (open / build / save / ID lookup; torch),
+:class:`GraphTopology` (structure and ID map only; numpy, what the front-end opens),
+:func:`ingest`, :func:`synth_powerlaw`, :func:`synth_sbm`, :class:`GraphMeta` and the
+errors :class:`GraphFormatError`, :class:`IngestError`, :class:`UnknownNodeError`.
+Modules, one concept each: ``format`` (layout + meta schema), ``topology``, ``store``,
+``build`` (validation, CSC), ``plan`` (materialize / atomic write), ``reorder`` (RCMK),
+``ids`` (external IDs), ``readers`` (input files), ``ingestion``, ``synth``, ``atomic``,
+``version``, ``errors``, ``progress``. Names are imported lazily, so the numpy-only parts
+load without torch.
 """
 
-from hopserve.worker.graph.errors import GraphFormatError, IngestError, UnknownNodeError
-from hopserve.worker.graph.format import GraphFlags, GraphMeta
-from hopserve.worker.graph.ingestion import ingest
-from hopserve.worker.graph.store import GraphStore
-from hopserve.worker.graph.synth import synth_powerlaw, synth_sbm
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hopserve.worker.graph.errors import GraphFormatError, IngestError, UnknownNodeError
+    from hopserve.worker.graph.format import GraphFlags, GraphMeta
+    from hopserve.worker.graph.ingestion import ingest
+    from hopserve.worker.graph.store import GraphStore
+    from hopserve.worker.graph.synth import synth_powerlaw, synth_sbm
+    from hopserve.worker.graph.topology import GraphTopology
+
+_LAZY = {
+    "GraphStore": "store",
+    "GraphTopology": "topology",
+    "GraphMeta": "format",
+    "GraphFlags": "format",
+    "GraphFormatError": "errors",
+    "IngestError": "errors",
+    "UnknownNodeError": "errors",
+    "ingest": "ingestion",
+    "synth_powerlaw": "synth",
+    "synth_sbm": "synth",
+}
 
 __all__ = [
-    "GraphStore",
-    "GraphMeta",
     "GraphFlags",
     "GraphFormatError",
+    "GraphMeta",
+    "GraphStore",
+    "GraphTopology",
     "IngestError",
     "UnknownNodeError",
     "ingest",
     "synth_powerlaw",
     "synth_sbm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,15 +21,10 @@ from hopserve.worker.graph.build import build_csc, validate_labels, validate_nod
 from hopserve.worker.graph.errors import GraphFormatError
 from hopserve.worker.graph.format import (
     FEATURES_FILE,
-    INDICES_FILE,
-    INDPTR_FILE,
     LABELS_FILE,
-    NODE_IDS_FILE,
     GraphMeta,
     load_array,
-    read_meta,
 )
-from hopserve.worker.graph.ids import IdIndex
 from hopserve.worker.graph.plan import (
     ArrayFeatures,
     GraphArrays,
@@ -38,6 +33,7 @@ from hopserve.worker.graph.plan import (
     plan_from_csc,
     write_plan,
 )
+from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["GraphStore"]
 
@@ -48,20 +44,15 @@ def _tensor(arr: np.ndarray | torch.Tensor) -> torch.Tensor:
     """Zero-copy tensor over a numpy array (copies only read-only inputs)."""
     if isinstance(arr, torch.Tensor):
         return arr
-    if not arr.flags.writeable:
-        arr = arr.copy()
-    return torch.from_numpy(arr)
+    return torch.from_numpy(_writable(arr))
 
 
-def _ids_array(ids: Any) -> np.ndarray:
-    if isinstance(ids, torch.Tensor):
-        ids = ids.detach().cpu().numpy()
-    arr = np.asarray(ids)
-    if arr.size == 0 and arr.dtype.kind not in "iu":  # e.g. []
-        arr = arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"node IDs must be integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
+def _writable(arr: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A numpy array torch can share: CPU tensors as their numpy view, read-only arrays
+    copied (memmaps opened copy-on-write are writable and stay zero-copy)."""
+    if isinstance(arr, torch.Tensor):
+        return arr.detach().cpu().numpy()
+    return arr if arr.flags.writeable else arr.copy()
 
 
 def _numpy(x: Any) -> np.ndarray:
@@ -98,36 +89,34 @@ class GraphStore:
         node_ids: np.ndarray | torch.Tensor | None = None,
         path: str | Path | None = None,
     ) -> None:
+        self.topology = GraphTopology(
+            meta,
+            _writable(indptr),
+            _writable(indices),
+            None if node_ids is None else _writable(node_ids),
+            path,
+        )
+        topo = self.topology
         self.meta = meta
-        self.indptr = _tensor(indptr)
-        self.indices = _tensor(indices)
+        self.indptr = torch.from_numpy(topo.indptr)  # zero-copy views of the topology
+        self.indices = torch.from_numpy(topo.indices)
+        self.node_ids = None if topo.node_ids is None else torch.from_numpy(topo.node_ids)
         self.features = _tensor(features)
         self.labels = None if labels is None else _tensor(labels)
-        self.node_ids = None if node_ids is None else _tensor(node_ids)
-        self.path = None if path is None else Path(path)
+        self.path = topo.path
         self.num_nodes = meta.num_nodes
         self.num_edges = meta.num_edges
         self.feature_dim = meta.feature_dim
         self.version = meta.version
         self.ordering = meta.ordering
-        self._check()
-
-    def _check(self) -> None:
-        n, e, f = self.num_nodes, self.num_edges, self.feature_dim
+        n, f = self.num_nodes, self.feature_dim
         where = str(self.path) if self.path else "GraphStore"
-        checks = [
-            (tuple(self.indptr.shape) == (n + 1,), f"indptr shape {list(self.indptr.shape)}"),
-            (tuple(self.indices.shape) == (e,), f"indices shape {list(self.indices.shape)}"),
+        for ok, what in (
             (tuple(self.features.shape) == (n, f), f"features shape {list(self.features.shape)}"),
             (self.labels is None or tuple(self.labels.shape) == (n,), "labels shape"),
-            (self.node_ids is None or tuple(self.node_ids.shape) == (n,), "node_ids shape"),
-            (int(self.indptr[0]) == 0 and int(self.indptr[-1]) == e, "indptr[0]/indptr[-1]"),
-        ]
-        for ok, what in checks:
+        ):
             if not ok:
-                raise GraphFormatError(
-                    f"{where}: {what} inconsistent with meta (N={n}, E={e}, F={f})"
-                )
+                raise GraphFormatError(f"{where}: {what} inconsistent with meta (N={n}, F={f})")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -137,27 +126,24 @@ class GraphStore:
         Raises:
             GraphFormatError: missing/invalid meta or arrays (message names the file).
         """
-        path = Path(path)
-        if not path.is_dir():
-            raise GraphFormatError(f"{path}: not a directory")
-        meta = read_meta(path)
-        n, e, f = meta.num_nodes, meta.num_edges, meta.feature_dim
-
-        def load(name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-            return load_array(path, name, mmap=mmap, dtype=dtype, shape=shape)
-
-        indptr = load(INDPTR_FILE, np.int64, (n + 1,))
-        indices = load(INDICES_FILE, np.dtype(meta.indices_dtype), (e,))
-        features = load(FEATURES_FILE, np.dtype(meta.feature_dtype), (n, f))
-        node_ids = load(NODE_IDS_FILE, np.int64, (n,)) if meta.has_node_ids else None
-        labels = load(LABELS_FILE, np.int64, (n,)) if meta.has_labels else None
+        topo = GraphTopology.open(path, mmap=mmap)
+        meta = topo.meta
+        n, f = meta.num_nodes, meta.feature_dim
+        features = load_array(
+            path, FEATURES_FILE, mmap=mmap, dtype=np.dtype(meta.feature_dtype), shape=(n, f)
+        )
+        labels = (
+            load_array(path, LABELS_FILE, mmap=mmap, dtype=np.int64, shape=(n,))
+            if meta.has_labels
+            else None
+        )
         store = cls(
             meta=meta,
-            indptr=indptr,
-            indices=indices,
+            indptr=topo.indptr,
+            indices=topo.indices,
             features=features,
             labels=labels,
-            node_ids=node_ids,
+            node_ids=topo.node_ids,
             path=path,
         )
         log.debug("opened %r", store)
@@ -329,25 +315,23 @@ class GraphStore:
         Feed it with :attr:`features` to the model's own forward for a full-graph reference
         in storage order; map rows back with :meth:`to_external`.
         """
-        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degrees)
-        return torch.stack([self.indices.long(), dst])
+        return torch.from_numpy(self.topology.edge_index())
 
     # ------------------------------------------------------------------ degrees
     @cached_property
     def in_degrees(self) -> torch.Tensor:
         """int64 ``[N]``: number of in-edges of each storage node."""
-        return self.indptr[1:] - self.indptr[:-1]
+        return torch.from_numpy(self.topology.in_degrees)
 
     @cached_property
     def out_degrees(self) -> torch.Tensor:
         """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
-        counts = np.bincount(self.indices.numpy(), minlength=self.num_nodes)
-        return torch.from_numpy(counts.astype(np.int64, copy=False))
+        return torch.from_numpy(self.topology.out_degrees)
 
     @property
     def avg_degree(self) -> float:
         """Average in-degree ``E / N`` (0 for an empty graph)."""
-        return self.num_edges / self.num_nodes if self.num_nodes else 0.0
+        return self.topology.avg_degree
 
     @property
     def num_classes(self) -> int | None:
@@ -355,14 +339,6 @@ class GraphStore:
         return self.meta.num_classes
 
     # ------------------------------------------------------------------ IDs
-    @cached_property
-    def _id_index(self) -> IdIndex:
-        ids = None if self.node_ids is None else self.node_ids.numpy()
-        try:
-            return IdIndex(ids, self.num_nodes)
-        except ValueError as e:
-            raise GraphFormatError(f"{self.path or 'GraphStore'}: node_ids: {e}") from None
-
     def to_storage(self, ids: Any) -> torch.Tensor:
         """External IDs (int, sequence, array or tensor) -> int64 storage indices, same shape.
 
@@ -370,8 +346,7 @@ class GraphStore:
             UnknownNodeError: some IDs are not in the graph (``.unknown`` lists them).
             TypeError: non-integer input.
         """
-        arr = _ids_array(ids)
-        return torch.from_numpy(self._id_index.lookup(arr))
+        return torch.from_numpy(self.topology.to_storage(ids))
 
     def to_external(self, storage_idx: Any) -> torch.Tensor:
         """Storage indices -> int64 external IDs, same shape.
@@ -379,21 +354,11 @@ class GraphStore:
         Raises:
             IndexError: an index is outside ``0..N-1``.
         """
-        idx = _ids_array(storage_idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_nodes):
-            bad = idx[(idx < 0) | (idx >= self.num_nodes)].reshape(-1)[:10].tolist()
-            raise IndexError(f"storage indices out of range 0..{self.num_nodes - 1}: {bad}")
-        if self.node_ids is None:
-            return torch.from_numpy(idx.copy())
-        return torch.from_numpy(self.node_ids.numpy()[idx])
+        return torch.from_numpy(self.topology.to_external(storage_idx))
 
     def sorted_external_order(self) -> torch.Tensor:
         """Storage indices ordered by ascending external ID (cached; ``arange`` for identity)."""
-        return self._sorted_external_order
-
-    @cached_property
-    def _sorted_external_order(self) -> torch.Tensor:
-        return torch.from_numpy(self._id_index.sorted_order())
+        return torch.from_numpy(self.topology.sorted_external_order)
 
     def __repr__(self) -> str:
         where = f", path='{self.path}'" if self.path else ""

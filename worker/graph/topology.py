@@ -1,0 +1,188 @@
+"""GraphTopology: a graph store's structure without its features (numpy only, no torch).
+
+The front-end maps external IDs and plans frontiers on the topology alone: it opens the
+CSC (``indptr``, ``indices``) and the ID map of a graph-store directory as copy-on-write
+memmaps and never touches the features. :class:`~.store.GraphStore` (the worker's view,
+torch) is built on the same arrays, zero-copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hopserve.worker.graph.errors import GraphFormatError
+from hopserve.worker.graph.format import (
+    INDICES_FILE,
+    INDPTR_FILE,
+    NODE_IDS_FILE,
+    GraphMeta,
+    load_array,
+    read_meta,
+)
+from hopserve.worker.graph.ids import IdIndex
+
+__all__ = ["GraphTopology", "as_id_array"]
+
+log = logging.getLogger(__name__)
+
+
+def as_id_array(ids: Any) -> np.ndarray:
+    """Node IDs (int, sequence, numpy array or torch tensor) as an int64 numpy array.
+
+    Raises:
+        TypeError: not integers.
+    """
+    if hasattr(ids, "detach"):  # a torch tensor, without importing torch
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.size == 0 and arr.dtype.kind not in "iu":  # e.g. []
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"node IDs must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+class GraphTopology:
+    """CSC structure (in-edges grouped by destination) and the external ID map.
+
+    Attributes:
+        meta: The validated :class:`~.format.GraphMeta`.
+        indptr: int64 ``[N+1]``; in-neighbours of storage node ``v`` are
+            ``indices[indptr[v]:indptr[v+1]]`` (ascending).
+        indices: int32 (``N < 2**31``) or int64 ``[E]``.
+        node_ids: int64 ``[N]`` external ID per storage node, or ``None`` (identity).
+        path: The directory it was opened from, or ``None`` when built in memory.
+    """
+
+    def __init__(
+        self,
+        meta: GraphMeta,
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        node_ids: np.ndarray | None = None,
+        path: str | Path | None = None,
+    ) -> None:
+        self.meta = meta
+        self.indptr = indptr
+        self.indices = indices
+        self.node_ids = node_ids
+        self.path = None if path is None else Path(path)
+        n, e = meta.num_nodes, meta.num_edges
+        where = str(self.path) if self.path else "graph"
+        for ok, what in (
+            (indptr.shape == (n + 1,), f"indptr shape {list(indptr.shape)}"),
+            (indices.shape == (e,), f"indices shape {list(indices.shape)}"),
+            (node_ids is None or node_ids.shape == (n,), "node_ids shape"),
+            (int(indptr[0]) == 0 and int(indptr[-1]) == e, "indptr[0]/indptr[-1]"),
+        ):
+            if not ok:
+                raise GraphFormatError(f"{where}: {what} inconsistent with meta (N={n}, E={e})")
+
+    @classmethod
+    def open(cls, path: str | Path, *, mmap: bool = True) -> GraphTopology:
+        """Open the structure of a graph-store directory (features are not read).
+
+        Raises:
+            GraphFormatError: missing/invalid meta or arrays (the message names the file).
+        """
+        path = Path(path)
+        if not path.is_dir():
+            raise GraphFormatError(f"{path}: not a directory")
+        meta = read_meta(path)
+        n, e = meta.num_nodes, meta.num_edges
+        indptr = load_array(path, INDPTR_FILE, mmap=mmap, dtype=np.int64, shape=(n + 1,))
+        indices = load_array(
+            path, INDICES_FILE, mmap=mmap, dtype=np.dtype(meta.indices_dtype), shape=(e,)
+        )
+        node_ids = (
+            load_array(path, NODE_IDS_FILE, mmap=mmap, dtype=np.int64, shape=(n,))
+            if meta.has_node_ids
+            else None
+        )
+        return cls(meta, indptr, indices, node_ids, path)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_nodes(self) -> int:
+        return self.meta.num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self.meta.num_edges
+
+    @property
+    def version(self) -> str:
+        """Content-hash version id (changes with the data)."""
+        return self.meta.version
+
+    @property
+    def ordering(self) -> str:
+        """``"rcmk"`` or ``"identity"``."""
+        return self.meta.ordering
+
+    @property
+    def avg_degree(self) -> float:
+        """Average in-degree ``E / N`` (0 for an empty graph)."""
+        return self.num_edges / self.num_nodes if self.num_nodes else 0.0
+
+    @cached_property
+    def in_degrees(self) -> np.ndarray:
+        """int64 ``[N]``: number of in-edges of each storage node."""
+        return np.diff(self.indptr)
+
+    @cached_property
+    def out_degrees(self) -> np.ndarray:
+        """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
+        return np.bincount(self.indices, minlength=self.num_nodes).astype(np.int64, copy=False)
+
+    def edge_index(self) -> np.ndarray:
+        """int64 ``[2, E]`` edges in storage ids (row 0 source, row 1 destination), CSC order."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.in_degrees)
+        return np.stack([self.indices.astype(np.int64), dst])
+
+    # ------------------------------------------------------------------ IDs
+    @cached_property
+    def id_index(self) -> IdIndex:
+        """The external ID -> storage index lookup (built on first use)."""
+        try:
+            return IdIndex(self.node_ids, self.num_nodes)
+        except ValueError as e:
+            raise GraphFormatError(f"{self.path or 'graph'}: node_ids: {e}") from None
+
+    def to_storage(self, ids: Any) -> np.ndarray:
+        """External IDs -> int64 storage indices, same shape.
+
+        Raises:
+            UnknownNodeError: some IDs are not in the graph (``.unknown`` lists them).
+            TypeError: non-integer input.
+        """
+        return self.id_index.lookup(as_id_array(ids))
+
+    def to_external(self, storage: Any) -> np.ndarray:
+        """Storage indices -> int64 external IDs, same shape.
+
+        Raises:
+            IndexError: an index is outside ``0..N-1``.
+        """
+        idx = as_id_array(storage)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_nodes):
+            bad = idx[(idx < 0) | (idx >= self.num_nodes)].reshape(-1)[:10].tolist()
+            raise IndexError(f"storage indices out of range 0..{self.num_nodes - 1}: {bad}")
+        return idx.copy() if self.node_ids is None else np.asarray(self.node_ids[idx])
+
+    @cached_property
+    def sorted_external_order(self) -> np.ndarray:
+        """Storage indices ordered by ascending external ID (``arange`` for identity)."""
+        return self.id_index.sorted_order()
+
+    def __repr__(self) -> str:
+        where = f", path='{self.path}'" if self.path else ""
+        return (
+            f"GraphTopology(nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
+            f"ordering={self.ordering}, version={self.version[:12]}{where})"
+        )
