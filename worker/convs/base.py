@@ -27,6 +27,22 @@ class UnsupportedConvError(ValueError):
     """A conv (or model) the engine cannot run exactly layer by layer."""
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Which sampled graph a block's edges come from: :math:`G_l` of ``layer``.
+
+    :math:`G_l` is the graph in which every node keeps its ``<= fanout`` sampled in-edges
+    at ``layer`` under ``seed`` (:func:`hopserve.worker.engine.plan.sample_in_edges`). A
+    block's destinations hold exactly their :math:`G_l` in-edges; adapters whose conv
+    reads degree statistics must take them from :math:`G_l`, not from the whole graph
+    (which is :math:`G_l` only when ``fanout`` is at least the maximum in-degree).
+    """
+
+    layer: int
+    fanout: int  # >= 0 (fanout -1 = all in-edges is an exact block: no Sampling)
+    seed: int
+
+
 @dataclass
 class Block:
     """One batch of one layer, in local indices.
@@ -46,6 +62,8 @@ class Block:
             ``src_nodes`` only the destinations, and nothing is gathered.
         dst_start: first storage id of a contiguous destination run (global mode), so
             destination rows are a view of the node table.
+        sampling: for sampling evaluation with a fanout ``>= 0``, the sampled graph
+            :math:`G_l` the edges belong to; ``None`` for exact blocks (every in-edge).
     """
 
     src_nodes: Tensor
@@ -56,6 +74,7 @@ class Block:
     layer: int
     global_src_size: int | None = None
     dst_start: int | None = None
+    sampling: Sampling | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -125,6 +144,7 @@ class Block:
             layer=self.layer,
             global_src_size=self.global_src_size,
             dst_start=self.dst_start,
+            sampling=self.sampling,
         )
 
 

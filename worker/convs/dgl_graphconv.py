@@ -21,6 +21,17 @@ need no whole-graph statistic and run unchanged (:class:`~.dgl_conv.DGLConvAdapt
 The view is a shallow copy made per call: the user's module is never mutated, and the
 view always sees its current parameters.
 
+Sampling: a sampled block (``block.sampling`` set, fanout below the graph's maximum
+in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled
+in-edges at layer :math:`l`, and the model's forward on :math:`G_l` normalizes by
+:math:`G_l`'s degrees. :math:`d^{in}_v` is then the block's (sampled) count as above;
+:math:`d^{out}_u` counts the sampled in-edges of *all* nodes that come from ``u``
+(:func:`~hopserve.worker.engine.plan.sampled_out_degrees`: only nodes with more than
+``f`` in-edges are sampled, so O(N) plus their in-edges, O(E log E) at worst), computed
+once per ``(layer, fanout, seed)`` and kept for a few of them (float32 ``[N]`` each). The
+whole graph's :math:`d^{out}` would scale a source with many sampled-away out-edges too
+little. ``"right"`` / ``"none"`` read only the block's in-degrees, which are :math:`G_l`'s.
+
 Gather-free: the per-edge weights index the stored node table directly (no per-batch
 gather, no scaled copy of the table).
 """
@@ -28,12 +39,18 @@ gather, no scaled copy of the table).
 from __future__ import annotations
 
 import copy
+import threading
+from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block
+from hopserve.worker.convs.base import Block, Sampling
 from hopserve.worker.convs.dgl_conv import DGLConvAdapter, aggregate_first, dgl_block
+from hopserve.worker.engine.plan import sampled_out_degrees
+
+# Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
+SAMPLED_CACHE_SIZE = 4
 
 
 def _unnormalized(conv: nn.Module) -> nn.Module:
@@ -51,6 +68,10 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         super().__init__(conv, pair=False)
         self.norm = conv._norm
         self._src_norm: Tensor | None = None  # [N] c_out per storage node
+        self._graph = None  # the prepared GraphStore (for sampled out-degrees)
+        self._max_in_degree = 0
+        self._sampled_norm: OrderedDict[Sampling, Tensor] = OrderedDict()
+        self._sample_lock = threading.Lock()
 
     @property
     def global_norm(self) -> bool:
@@ -62,14 +83,43 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             return
         super().prepare(graph)
         if self.global_norm:
-            degs = graph.out_degrees.to(torch.float32).clamp(min=1)
-            self._src_norm = degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
+            self._src_norm = self._out_norm(graph.out_degrees)
+            self._graph = graph
+            self._max_in_degree = int(graph.in_degrees.max()) if graph.num_nodes else 0
+            with self._sample_lock:
+                self._sampled_norm.clear()
         self._graph_key = key
+
+    def _out_norm(self, out_degrees: Tensor) -> Tensor:
+        """:math:`c^{out}` from out-degrees (float32, ``clamp(min=1)``, as DGL does)."""
+        degs = out_degrees.to(torch.float32).clamp(min=1)
+        return degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
+
+    def source_norm(self, block: Block) -> Tensor:
+        """:math:`c^{out}` per storage node for ``block``'s graph (whole graph or :math:`G_l`)."""
+        s = block.sampling
+        if s is None or s.fanout >= self._max_in_degree:
+            return self._src_norm
+        with self._sample_lock:
+            norm = self._sampled_norm.get(s)
+            if norm is not None:
+                self._sampled_norm.move_to_end(s)
+                return norm
+        g = self._graph
+        out = sampled_out_degrees(
+            g.indptr, g.indices, g.num_nodes, s.fanout, s.layer, s.seed, g.out_degrees
+        )
+        norm = self._out_norm(out)
+        with self._sample_lock:
+            self._sampled_norm[s] = norm
+            while len(self._sampled_norm) > SAMPLED_CACHE_SIZE:
+                self._sampled_norm.popitem(last=False)
+        return norm
 
     def edge_weight(self, block: Block) -> Tensor:
         """``c_out[u] · c_in[v]`` (``"both"``) or ``c_out[u]`` (``"left"``) per in-edge."""
         device = block.src_index.device
-        norm = self._src_norm.to(device)
+        norm = self.source_norm(block).to(device)
         if block.global_src_size is not None:  # src_index holds storage ids
             w = norm[block.src_index]
         else:

@@ -14,16 +14,36 @@ installed PyG once: without edge weights, PyG 2.8 ignores ``improved`` (loops ge
 older releases used 2 — hopserve matches whichever is installed. Each block
 then runs the conv's own forward with ``normalize`` switched off and those weights as the
 sparse adjacency's values.
+
+Sampling: a sampled block (``block.sampling`` set, fanout below the graph's maximum
+in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled in-edges
+at layer :math:`l`; the model's forward on :math:`G_l` normalizes by :math:`G_l`'s degrees,
+so :math:`\\hat d` is taken there: :math:`\\hat d_u = w^{G_l}_{uu} + \\#\\{` sampled non-loop
+in-edges of :math:`u\\}`, where :math:`w^{G_l}_{uu}` is 1 when one of ``u``'s sampled in-edges
+is a self-loop, else the fill value (the exact path's rule, applied to :math:`G_l`). This
+holds for every source ``u`` of the block, including nodes that are not destinations of
+the request: their :math:`G_l` in-degree is :math:`\\min(d_u, f)` and only nodes with a
+self-loop and more than ``f`` in-edges need their own sample (hashing their in-edges,
+:func:`~hopserve.worker.engine.plan.sampled_in_degrees`), memoized per
+``(layer, fanout, seed)`` in an int32 ``[N]`` table (a few kept, only for graphs with
+self-loops). Without ``add_self_loops``, :math:`\\hat d_u = \\min(d_u, f)`. Whole-graph
+weights would shrink a sampled hub's row by about :math:`\\sqrt{f / d}`.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block, ConvAdapter
+from hopserve.worker.convs.base import Block, ConvAdapter, Sampling
+from hopserve.worker.engine.plan import sampled_in_degrees
+
+# Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
+SAMPLED_CACHE_SIZE = 4
 
 
 @functools.cache
@@ -49,6 +69,13 @@ class GCNAdapter(ConvAdapter):
         self._graph_key: object | None = None
         self._edge_weight: Tensor | None = None  # [E] per CSC edge (0 for dropped loops)
         self._loop_weight: Tensor | None = None  # [N] added self-loop weight (or None)
+        self._fill = 1.0
+        self._indptr: Tensor | None = None
+        self._indices: Tensor | None = None
+        self._max_in_degree = 0
+        self._graph_loops: Tensor | None = None  # [N] self-loops per node (None: no loops)
+        self._sampled_loops: OrderedDict[Sampling, Tensor] = OrderedDict()
+        self._sample_lock = threading.Lock()
 
     def prepare(self, graph) -> None:  # graph: GraphStore
         key = (id(graph), getattr(graph, "version", None))
@@ -58,10 +85,18 @@ class GCNAdapter(ConvAdapter):
         indptr, indices = graph.indptr, graph.indices.long()
         n = graph.num_nodes
         dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+        # For sampled blocks: the graph's CSC, maximum in-degree and self-loop counts.
+        self._indptr, self._indices = indptr, graph.indices
+        self._max_in_degree = int((indptr[1:] - indptr[:-1]).max()) if n else 0
+        self._graph_loops = None
+        with self._sample_lock:
+            self._sampled_loops.clear()
         if not conv.normalize:
             self._edge_weight, self._loop_weight = None, None
         elif conv.add_self_loops:
             is_loop = indices == dst
+            if bool(is_loop.any()):
+                self._graph_loops = torch.bincount(dst[is_loop], minlength=n).int()
             has_loop = torch.zeros(n, dtype=torch.bool)
             has_loop[dst[is_loop]] = True
             fill = pyg_loop_fill(bool(conv.improved))
@@ -73,6 +108,7 @@ class GCNAdapter(ConvAdapter):
             w[is_loop] = 0.0
             self._edge_weight = w
             self._loop_weight = (loop_w * dinv * dinv).float()
+            self._fill = fill
         else:
             deg = torch.bincount(dst, minlength=n).to(torch.float64)
             dinv = deg.pow(-0.5)
@@ -81,32 +117,72 @@ class GCNAdapter(ConvAdapter):
             self._loop_weight = None
         self._graph_key = key
 
+    def _samples_graph(self, block: Block) -> bool:
+        """Whether ``block``'s graph :math:`G_l` differs from the whole graph."""
+        s = block.sampling
+        return s is not None and s.fanout < self._max_in_degree
+
     def _adjacency(self, block: Block, dtype: torch.dtype) -> Tensor:
         if self._edge_weight is None:  # normalize=False: plain sum over in-edges
             return block.adj_t(dtype=dtype)
+        if self._samples_graph(block):
+            return self._sampled_adjacency(block, dtype)
         device = block.src_index.device
         w = self._edge_weight.to(device)[block.edge_ids]
         if self._loop_weight is None:
             return block.adj_t(values=w.to(dtype))
-        # Drop existing self-loops, append exactly one loop per destination.
+        return _one_loop_each(block, w, self._loop_weight.to(device)[block.dst_nodes], dtype)
+
+    def _source_stats(self, sampling: Sampling, nodes: Tensor) -> tuple[Tensor, Tensor]:
+        """:math:`G_l` in-degree and self-loop count of storage ``nodes`` (CPU int64)."""
+        deg = self._indptr[nodes + 1] - self._indptr[nodes]
+        kept = deg.clamp(max=sampling.fanout)
+        if self._graph_loops is None:  # no self-loop anywhere (or none counted)
+            return kept, torch.zeros_like(kept)
+        with self._sample_lock:
+            table = self._sampled_loops.get(sampling)
+            if table is None:
+                table = torch.full((self._graph_loops.numel(),), -1, dtype=torch.int32)
+                self._sampled_loops[sampling] = table
+                while len(self._sampled_loops) > SAMPLED_CACHE_SIZE:
+                    self._sampled_loops.popitem(last=False)
+            else:
+                self._sampled_loops.move_to_end(sampling)
+            loops = table[nodes].long()
+            miss = loops < 0
+            if bool(miss.any()):
+                _, found = sampled_in_degrees(
+                    self._indptr,
+                    self._indices,
+                    nodes[miss],
+                    sampling.fanout,
+                    sampling.layer,
+                    sampling.seed,
+                    self._graph_loops,
+                )
+                table[nodes[miss]] = found.int()
+                loops[miss] = found
+        return kept, loops
+
+    def _sampled_adjacency(self, block: Block, dtype: torch.dtype) -> Tensor:
+        """The block's adjacency normalized by the degrees of its sampled graph :math:`G_l`."""
+        device = block.src_index.device
+        nodes = block.src_nodes.cpu()
+        deg, loops = self._source_stats(block.sampling, nodes)
+        if self.conv.add_self_loops:
+            loop_w = torch.where(loops > 0, 1.0, self._fill).to(torch.float64)
+            d_hat = loop_w + (deg - loops).to(torch.float64)
+        else:
+            d_hat = deg.to(torch.float64)
+        dinv = d_hat.pow(-0.5)
+        dinv[torch.isinf(dinv)] = 0
+        dinv = dinv.to(device)
+        w = (dinv[block.src_index] * dinv[block.dst_index]).float()
+        if not self.conv.add_self_loops:
+            return block.adj_t(values=w.to(dtype))
         n_dst = block.num_dst
-        dst = block.dst_index
-        keep = block.src_index != dst
-        loops = torch.arange(n_dst, device=device)
-        rows = torch.cat([dst[keep], loops])
-        cols = torch.cat([block.src_index[keep], loops])
-        vals = torch.cat([w[keep], self._loop_weight.to(device)[block.dst_nodes]])
-        order = torch.argsort(rows, stable=True)
-        counts = torch.bincount(rows, minlength=n_dst)
-        indptr = torch.zeros(n_dst + 1, dtype=torch.long, device=device)
-        torch.cumsum(counts, 0, out=indptr[1:])
-        return torch.sparse_csr_tensor(
-            indptr,
-            cols[order],
-            vals[order].to(dtype),
-            size=(n_dst, block.num_src),
-            check_invariants=False,
-        )
+        own = (loop_w.to(device)[:n_dst] * dinv[:n_dst] * dinv[:n_dst]).float()
+        return _one_loop_each(block, w, own, dtype)
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         # SpMM over a re-built CSR: indices, weights and the sort permutation per edge.
@@ -122,3 +198,30 @@ class GCNAdapter(ConvAdapter):
                 return conv(x, adj)
             finally:
                 conv.normalize = saved
+
+
+def _one_loop_each(block: Block, w: Tensor, loop_w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, n_src]`` CSR: the block's non-loop edges weighted ``w``, one loop per destination.
+
+    Existing self-loops are dropped; destination ``i`` gets the loop ``(i, i)`` weighted
+    ``loop_w[i]`` (PyG's ``add_remaining_self_loops``).
+    """
+    device = block.src_index.device
+    n_dst = block.num_dst
+    dst = block.dst_index
+    keep = block.src_index != dst
+    loops = torch.arange(n_dst, device=device)
+    rows = torch.cat([dst[keep], loops])
+    cols = torch.cat([block.src_index[keep], loops])
+    vals = torch.cat([w[keep], loop_w])
+    order = torch.argsort(rows, stable=True)
+    counts = torch.bincount(rows, minlength=n_dst)
+    indptr = torch.zeros(n_dst + 1, dtype=torch.long, device=device)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return torch.sparse_csr_tensor(
+        indptr,
+        cols[order],
+        vals[order].to(dtype),
+        size=(n_dst, block.num_src),
+        check_invariants=False,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hopserve.worker.convs.base import Block
+from hopserve.worker.convs.base import Block, Sampling
 from hopserve.worker.engine.plan import LayerFrontier, segment_positions
 
 
@@ -20,7 +20,9 @@ def build_block(
     """The block of rows ``start:end`` of ``frontier`` (layer 0 = no edges).
 
     With ``global_src`` the sources stay storage ids (no renumbering, no gather): the
-    block reads the stored node table directly.
+    block reads the stored node table directly. A sampled frontier with a fanout ``>= 0``
+    marks the block with its :class:`~hopserve.worker.convs.base.Sampling` (layer, fanout,
+    seed), so adapters can take degree statistics from the sampled graph.
     """
     dst = torch.arange(start, end) if frontier.nodes is None else frontier.nodes[start:end]
     num_dst = int(dst.numel())
@@ -28,7 +30,10 @@ def build_block(
         empty = torch.empty(0, dtype=torch.long)
         return Block(dst, num_dst, torch.zeros(num_dst + 1, dtype=torch.long), empty, empty, 0)
 
+    sampling = None
     if frontier.sampled:
+        if frontier.fanout is not None and frontier.fanout >= 0:
+            sampling = Sampling(layer, frontier.fanout, int(frontier.seed or 0))
         ptr = frontier.indptr
         a, b = int(ptr[start]), int(ptr[end])
         src = frontier.indices[a:b]
@@ -55,6 +60,7 @@ def build_block(
             layer,
             global_src_size=graph.num_nodes,
             dst_start=start if frontier.nodes is None else None,
+            sampling=sampling,
         )
     if frontier.nodes is None:  # dst = start..end-1
         is_dst = (src >= start) & (src < end)
@@ -68,7 +74,9 @@ def build_block(
     src_index = torch.empty_like(src)
     src_index[is_dst] = dst_pos[is_dst]
     src_index[~is_dst] = inverse + num_dst
-    return Block(torch.cat([dst, uniq]), num_dst, indptr, src_index, edge_ids, layer)
+    return Block(
+        torch.cat([dst, uniq]), num_dst, indptr, src_index, edge_ids, layer, sampling=sampling
+    )
 
 
 def _unique_inverse(ids: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:

@@ -9,6 +9,14 @@ lower frontiers are taken to be every node (annotation would cost more than it s
 Sampling is per node and per layer, keyed by ``(seed, layer, edge position)``: a node's
 sampled neighbours do not depend on which other targets share its batch, so coalesced
 requests get the same embeddings as separate ones.
+
+The sampled graph of layer :math:`l` with fanout :math:`f_l \\ge 0` is :math:`G_l`: *every*
+node keeps exactly its sampled in-edges (:func:`sample_in_edges`; :math:`f_l = -1` keeps
+all, so :math:`G_l = G`). Sampling evaluation is defined as the model's forward with each
+conv of layer :math:`l` run on :math:`G_l`, degree statistics of :math:`G_l` included; the
+degree helpers below (:func:`sampled_in_degrees`, :func:`sampled_out_degrees`,
+:func:`sampled_csc`) give those statistics from the same hash, so there is one definition
+of the sample.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ class LayerFrontier:
     """The destination rows of one layer and where their in-edges come from.
 
     ``nodes`` is ``None`` for *all nodes* (identity positions). For sampled layers,
-    ``indptr``/``indices``/``edge_ids`` is a CSC local to ``nodes`` (position-indexed);
-    otherwise in-edges are read from the graph store's CSC.
+    ``indptr``/``indices``/``edge_ids`` is a CSC local to ``nodes`` (position-indexed) and
+    ``fanout``/``seed`` say which sampled graph :math:`G_l` it is part of; otherwise
+    in-edges are read from the graph store's CSC.
     """
 
     nodes: Tensor | None  # sorted storage ids, int64
@@ -35,6 +44,8 @@ class LayerFrontier:
     indices: Tensor | None = None
     edge_ids: Tensor | None = None
     planned: bool = True  # False: not materialized because nothing reads it (size 0)
+    fanout: int | None = None  # sampled layers: the fanout (-1 = all in-edges)
+    seed: int | None = None  # sampled layers: the sampling seed
 
     def size(self, num_nodes: int) -> int:
         if not self.planned:
@@ -99,10 +110,24 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def edge_keys(pos: Tensor, layer: int, seed: int) -> np.ndarray:
+    """The sampling key (uint64) of each CSC edge position ``pos`` at ``layer``."""
+    with np.errstate(over="ignore"):
+        # Any uint64 seed (the wire allows all): mix seed and layer as separate words.
+        seed_word = np.array([int(seed) % 2**64], dtype=np.uint64)
+        salt = _splitmix64(_splitmix64(seed_word) ^ np.uint64(layer))
+        return _splitmix64(pos.numpy().astype(np.uint64) ^ salt)
+
+
 def sample_in_edges(
     indptr: Tensor, nodes: Tensor, fanout: int, layer: int, seed: int
 ) -> tuple[Tensor, Tensor]:
     """Up to ``fanout`` in-edges per node, chosen by a per-edge hash (without replacement).
+
+    Each node keeps its ``min(deg, fanout)`` in-edges with the smallest
+    :func:`edge_keys` (ties impossible: keys are a bijection of positions), listed in CSC
+    order; ``fanout = -1`` keeps all. A node's sample depends only on the node, the layer
+    and the seed.
 
     Returns:
         (local indptr ``[len(nodes)+1]``, CSC edge positions of the kept edges).
@@ -112,11 +137,7 @@ def sample_in_edges(
         local = torch.zeros(nodes.numel() + 1, dtype=torch.long)
         torch.cumsum(counts, 0, out=local[1:])
         return local, pos
-    with np.errstate(over="ignore"):
-        # Any uint64 seed (the wire allows all): mix seed and layer as separate words.
-        seed_word = np.array([int(seed) % 2**64], dtype=np.uint64)
-        salt = _splitmix64(_splitmix64(seed_word) ^ np.uint64(layer))
-        keys = _splitmix64(pos.numpy().astype(np.uint64) ^ salt)
+    keys = edge_keys(pos, layer, seed)
     seg = np.repeat(np.arange(nodes.numel()), counts.numpy())
     order = np.lexsort((keys, seg))  # by segment, then by key
     starts = np.cumsum(counts.numpy()) - counts.numpy()
@@ -128,6 +149,88 @@ def sample_in_edges(
     local = torch.zeros(nodes.numel() + 1, dtype=torch.long)
     torch.cumsum(new_counts, 0, out=local[1:])
     return local, pos[kept]
+
+
+def sampled_csc(indptr: Tensor, fanout: int, layer: int, seed: int) -> tuple[Tensor, Tensor]:
+    """:math:`G_l` for all nodes: (indptr ``[N+1]``, CSC positions of the kept edges).
+
+    Cost: O(E) hashing and an O(E log E) sort when ``fanout`` is below the maximum degree.
+    """
+    n = int(indptr.numel()) - 1
+    return sample_in_edges(indptr, torch.arange(n), fanout, layer, seed)
+
+
+def sampled_in_degrees(
+    indptr: Tensor,
+    indices: Tensor,
+    nodes: Tensor,
+    fanout: int,
+    layer: int,
+    seed: int,
+    self_loops: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""In-degree of ``nodes`` in :math:`G_l`, and how many of those edges are self-loops.
+
+    :math:`d^{in}_{G_l}(v) = \min(d^{in}(v), f)`. The self-loop count needs the node's
+    sample only when it has a loop in the graph and more in-edges than ``fanout``: with
+    ``self_loops`` (each node's self-loop count in the whole graph, integer ``[N]``) only those
+    nodes are sampled, O(their in-degree); without it every node of ``nodes`` is.
+
+    Returns:
+        (in-degree, self-loop count), int64 ``[len(nodes)]`` each.
+    """
+    nodes = nodes.long()
+    deg = indptr[nodes + 1] - indptr[nodes]
+    kept = deg if fanout < 0 else deg.clamp(max=fanout)
+    if self_loops is None:
+        hard = torch.ones_like(deg, dtype=torch.bool)
+        loops = torch.zeros_like(deg)
+    else:
+        loops = self_loops[nodes].long()
+        hard = (loops > 0) & (deg > kept)  # some loop, some edge dropped
+    if bool(hard.any()):
+        which = nodes[hard]
+        local, pos = sample_in_edges(indptr, which, fanout, layer, seed)
+        own = torch.repeat_interleave(which, local[1:] - local[:-1])
+        is_loop = (indices[pos].long() == own).long()
+        seg = torch.repeat_interleave(torch.arange(which.numel()), local[1:] - local[:-1])
+        loops[hard] = torch.zeros(which.numel(), dtype=torch.long).index_add_(0, seg, is_loop)
+    return kept, loops
+
+
+def sampled_out_degrees(
+    indptr: Tensor,
+    indices: Tensor,
+    num_nodes: int,
+    fanout: int,
+    layer: int,
+    seed: int,
+    out_degrees: Tensor | None = None,
+) -> Tensor:
+    """Out-degree of every node in :math:`G_l`, int64 ``[N]``.
+
+    A node's out-edges in :math:`G_l` are decided by its out-neighbours' samples, so this
+    needs :math:`G_l` for all nodes. Only nodes with more in-edges than ``fanout`` lose
+    edges: their in-edges are sampled and the rest are counted as in the whole graph
+    (``out_degrees``, the whole graph's, if given). Cost: O(N) plus hashing and sorting
+    the in-edges of those nodes (O(E log E) at worst); callers cache the result per
+    ``(graph, layer, fanout, seed)``.
+    """
+    if out_degrees is None:
+        out = torch.bincount(indices.long(), minlength=num_nodes)
+    else:
+        out = out_degrees.long().clone()
+    if fanout < 0:
+        return out
+    deg = indptr[1:] - indptr[:-1]
+    big = (deg > fanout).nonzero().squeeze(1)
+    if big.numel() == 0:
+        return out
+    all_pos, _ = segment_positions(indptr, big)
+    _, kept = sample_in_edges(indptr, big, fanout, layer, seed)
+    out -= torch.bincount(indices[all_pos].long(), minlength=num_nodes)
+    out += torch.bincount(indices[kept].long(), minlength=num_nodes)
+    return out
 
 
 def plan_frontiers(
@@ -175,9 +278,10 @@ def plan_frontiers(
             layers.append(LayerFrontier(current))
         else:
             assert current is not None
-            local, pos = sample_in_edges(indptr, current, int(fanouts[layer - 1]), layer, seed)
+            fanout = int(fanouts[layer - 1])
+            local, pos = sample_in_edges(indptr, current, fanout, layer, seed)
             nbrs = indices[pos].long()
-            layers[-1] = LayerFrontier(current, local, nbrs, pos)
+            layers[-1] = LayerFrontier(current, local, nbrs, pos, fanout=fanout, seed=int(seed))
             if last:
                 layers.append(LayerFrontier(None, planned=False))
                 continue
