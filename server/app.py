@@ -29,7 +29,8 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from hopserve.proto.v1 import embedding_pb2, embedding_pb2_grpc
+from hopserve.proto.v1 import embedding_pb2
+from hopserve.rpc import add_service
 from hopserve.server.cache import EmbeddingCache, make_cache
 from hopserve.server.config import ConfigError, HopserveConfig
 from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
@@ -280,7 +281,8 @@ async def build_server(config: HopserveConfig) -> Service:
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
         ]
     )
-    embedding_pb2_grpc.add_EmbeddingServiceServicer_to_server(frontend, server)
+    add_service(server, frontend, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
+                on_undecodable=frontend.reject_undecodable)  # fmt: skip
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -27,17 +27,24 @@ worker ``DeadlineExceededError``   DEADLINE_EXCEEDED       the job's deadline pa
 any other ``JobError``             INTERNAL                the worker failed the job
 anything else                      INTERNAL                a bug; logged with traceback
 =================================  ======================  ===============================
+
+Client values quoted in a message go through :func:`quote` (64 characters of it and its
+size), and :func:`to_status` caps every message at
+:data:`~hopserve.rpc.MAX_STATUS_BYTES` (:func:`bound_message`), so that no answer trips
+gRPC's metadata size limit. Undecodable request bytes never get here: the service's
+handlers answer them INVALID_ARGUMENT (:func:`hopserve.rpc.add_service`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Iterable
 
 import grpc
 
+from hopserve.logs import rate_limited
+from hopserve.rpc import bound_message, quote
 from hopserve.worker.job import JobError, WorkerUnavailableError
 from hopserve.worker.runtime import errors as worker_errors
 
@@ -50,12 +57,14 @@ __all__ = [
     "RequestCancelledError",
     "ServiceError",
     "ShuttingDownError",
+    "bound_message",
     "format_ids",
     "outcome_label",
+    "quote",
     "to_status",
 ]
 
-logger = logging.getLogger(__name__)
+logger = rate_limited(__name__)
 
 MAX_LISTED_IDS = 10
 """How many offending node IDs an error message names."""
@@ -129,7 +138,8 @@ def format_ids(ids: Iterable[int], total: int | None = None) -> str:
 
 
 def to_status(exc: BaseException, *, where: str = "") -> tuple[grpc.StatusCode, str]:
-    """The status code and client-facing message for ``exc``.
+    """The status code and client-facing message (at most
+    :data:`~hopserve.rpc.MAX_STATUS_BYTES` UTF-8 bytes) for ``exc``.
 
     Unexpected exceptions are logged here with their traceback under a short reference id
     that the client's message carries, so an operator can find the log line; their text
@@ -139,6 +149,11 @@ def to_status(exc: BaseException, *, where: str = "") -> tuple[grpc.StatusCode, 
         exc: Anything raised while serving a request.
         where: Short description of the call for the log line (e.g. ``"GetEmbeddings sage"``).
     """
+    code, message = _status(exc, where or "request")
+    return code, bound_message(message)
+
+
+def _status(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
     from hopserve.worker.graph.errors import UnknownNodeError
 
     if isinstance(exc, ServiceError):
@@ -146,14 +161,14 @@ def to_status(exc: BaseException, *, where: str = "") -> tuple[grpc.StatusCode, 
     if isinstance(exc, UnknownNodeError):
         return grpc.StatusCode.INVALID_ARGUMENT, exc.message
     if isinstance(exc, WorkerUnavailableError):
-        logger.warning("%s: worker unavailable: %s", where or "request", exc)
+        logger.warning("%s: worker unavailable: %s", where, exc)
         return grpc.StatusCode.UNAVAILABLE, "no worker is available to compute the embeddings"
     if isinstance(exc, worker_errors.DeadlineExceededError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while computing"
     if isinstance(exc, worker_errors.WorkerBusyError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, "all workers are busy; retry with backoff"
     if isinstance(exc, worker_errors.ModelNotFoundError | worker_errors.GraphVersionMismatchError):
-        logger.warning("%s: worker cannot serve the job: %s", where or "request", exc)
+        logger.warning("%s: worker cannot serve the job: %s", where, exc)
         return grpc.StatusCode.UNAVAILABLE, "the model is not available on its worker; retry"
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
@@ -161,11 +176,11 @@ def to_status(exc: BaseException, *, where: str = "") -> tuple[grpc.StatusCode, 
         return grpc.StatusCode.CANCELLED, "request cancelled"
     ref = uuid.uuid4().hex[:12]
     if isinstance(exc, JobError):
-        logger.error("%s: worker job failed [ref %s]: %s", where or "request", ref, exc)
+        logger.error("%s: worker job failed [ref %s]: %s", where, ref, exc)
         return grpc.StatusCode.INTERNAL, f"embedding computation failed (ref {ref})"
     logger.error(
         "%s: unexpected error [ref %s]",
-        where or "request",
+        where,
         ref,
         exc_info=(type(exc), exc, exc.__traceback__),
     )

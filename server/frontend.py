@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -29,8 +28,10 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from hopserve.logs import rate_limited
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
+from hopserve.rpc import UndecodableRequest
 from hopserve.server.batcher import Batcher, BatchKey, BatchReply, BatchRun
 from hopserve.server.cache import CacheNamespace, EmbeddingCache
 from hopserve.server.config import ServerConfig
@@ -40,6 +41,7 @@ from hopserve.server.errors import (
     ShuttingDownError,
     format_ids,
     outcome_label,
+    quote,
     to_status,
 )
 from hopserve.server.metrics import Metrics
@@ -51,7 +53,7 @@ from hopserve.worker.runtime import errors as worker_errors
 
 __all__ = ["MAX_CHUNK_BYTES", "EmbeddingFrontend", "StageTimes"]
 
-logger = logging.getLogger(__name__)
+logger = rate_limited(__name__)  # per-request warnings: one line per minute plus a count
 
 MAX_CHUNK_BYTES = 2 * 1024 * 1024
 """Upper bound of the embedding bytes in one streamed chunk."""
@@ -331,6 +333,13 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
 
     # ------------------------------------------------------------------ edge
 
+    def reject_undecodable(self, method: str, request: UndecodableRequest) -> None:
+        """Count a request whose bytes did not decode; the service's handlers
+        (:func:`hopserve.rpc.add_service`) answer it INVALID_ARGUMENT."""
+        label = "" if method == "ListModels" else _UNKNOWN_MODEL
+        outcome = outcome_label(grpc.StatusCode.INVALID_ARGUMENT)
+        self.metrics.observe_request(method, label, outcome, 0.0)
+
     @contextlib.asynccontextmanager
     async def _rpc(
         self, method: str, model_name: str, context: grpc.aio.ServicerContext
@@ -360,7 +369,7 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
             record(grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED)
             raise
         except Exception as exc:
-            code, message = to_status(exc, where=f"{method} {model_name!r}")
+            code, message = to_status(exc, where=f"{method} {quote(model_name)}")
             record(code)
             await context.abort(code, message)
         else:
@@ -428,8 +437,9 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
             return BatchKey()
         if len(fanouts) != model.num_layers:
             raise InvalidRequestError(
-                f"fanouts {fanouts} has {len(fanouts)} entries; model {model.name!r} has "
-                f"{model.num_layers} layers (one fanout per layer, or none for exact)"
+                f"fanouts [{format_ids(fanouts)}] has {len(fanouts)} entries; model "
+                f"{model.name!r} has {model.num_layers} layers (one fanout per layer, or none "
+                "for exact)"
             )
         for i, f in enumerate(fanouts):
             if f != -1 and f < 1:

@@ -20,7 +20,7 @@ import numpy as np
 
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.server.config import ModelConfig
-from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError
+from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError, quote
 
 __all__ = ["BlockSpec", "ModelRegistry", "ServedModel", "blocks_of"]
 
@@ -225,9 +225,10 @@ class ModelRegistry:
         model = self._models.get(name)
         if model is None:
             served = ", ".join(repr(n) for n in sorted(self._models)) or "none"
-            raise ModelNotFoundError(f"model {name!r} not found (served: {served})")
+            raise ModelNotFoundError(f"model {quote(name)} not found (served: {served})")
         if version and version != model.version:
             raise ModelNotFoundError(
-                f"model {name!r} version {version!r} not found (served: version {model.version!r})"
+                f"model {name!r} version {quote(version)} not found "
+                f"(served: version {model.version!r})"
             )
         return model

@@ -14,8 +14,8 @@ Wire encoding (``worker.proto``):
   **empty** ``bytes``. That is unambiguous: every frontier contains the (non-empty)
   targets, so a real frontier is never empty; encoding refuses empty arrays. Workers
   also accept the ``L``-entry form ``V^1 … V^L`` and derive ``V^0``.
-* ``fanouts``: ``None`` (exact) is an empty list; ``seed`` is always set;
-  ``deadline``: ``None`` is ``0``.
+* ``fanouts``: ``None`` (exact) is an empty list; ``seed`` is always set (a job whose
+  fanouts sample must carry one); ``deadline``: ``None`` is ``0``.
 * ``JobStats``: every field has a wire field (``oom_retries`` travels as
   ``oom_halvings``); ``frontier_sizes`` carries all ``L + 1`` sizes ``|V^0| … |V^L|`` and
   ``layer_compute`` one entry per evaluated block, as in :class:`JobStats`.
@@ -40,6 +40,7 @@ from hopserve.client.wire import (
     encode_indices,
 )
 from hopserve.proto.v1 import embedding_pb2, worker_pb2
+from hopserve.rpc import clip
 from hopserve.worker.job import Job, JobError, JobResult, JobStats, WorkerUnavailableError
 from hopserve.worker.runtime.errors import (
     DeadlineExceededError,
@@ -113,9 +114,10 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
     ``graph_version`` is not part of :class:`Job`; the service checks it separately.
 
     Raises:
-        InvalidJobError: a byte count that is not a multiple of 8, or no targets.
+        InvalidJobError: a byte count that is not a multiple of 8, no targets, a bad
+            deadline, or sampling ``fanouts`` (an entry other than -1) without a ``seed``.
     """
-    where = f"job {msg.job_id or '<no id>'}"
+    where = f"job {clip(msg.job_id) or '<no id>'}"
     try:
         targets = decode_indices(msg.targets)
         frontiers = (
@@ -129,6 +131,12 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
         raise InvalidJobError(f"{where}: targets is empty")
     if not math.isfinite(msg.deadline_unix_s) or msg.deadline_unix_s < 0:
         raise InvalidJobError(f"{where}: deadline_unix_s {msg.deadline_unix_s!r} is not a time")
+    sampling = [(i, f) for i, f in enumerate(msg.fanouts) if f != -1]
+    if sampling and not msg.HasField("seed"):
+        i, f = sampling[0]
+        raise InvalidJobError(
+            f"{where}: seed is required when fanouts sample (fanouts[{i}] is {f})"
+        )
     return Job(
         job_id=msg.job_id,
         model=msg.model,

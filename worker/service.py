@@ -8,6 +8,12 @@ job ``INVALID_ARGUMENT``, graph version mismatch ``FAILED_PRECONDITION``, deadli
 ``DEADLINE_EXCEEDED``, too many pending jobs ``RESOURCE_EXHAUSTED``, anything else
 ``INTERNAL`` (logged with its traceback when it is not a :class:`JobError`).
 
+Request bytes that are not a valid message are answered ``INVALID_ARGUMENT`` before the
+servicer runs (:func:`hopserve.rpc.add_service`). Status details are bounded
+(:func:`hopserve.rpc.bound_message`) and client values in them cut
+(:func:`hopserve.rpc.clip`, :func:`~hopserve.rpc.quote`), so an answer always fits gRPC's
+metadata limit. Repeated identical warnings are rate-limited (:mod:`hopserve.logs`).
+
 The server also answers ``grpc.health.v1.Health`` (service ``""`` and
 ``hopserve.v1.WorkerService``; ``NOT_SERVING`` once shutdown begins) and server
 reflection.
@@ -16,7 +22,6 @@ reflection.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +31,9 @@ from google.protobuf import empty_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from hopserve.logs import rate_limited
 from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
+from hopserve.rpc import add_service, bound_message, clip, quote
 from hopserve.worker.codec import (
     info_to_proto,
     job_from_proto,
@@ -35,11 +42,16 @@ from hopserve.worker.codec import (
 )
 from hopserve.worker.job import JobError
 from hopserve.worker.runtime.base import Worker
-from hopserve.worker.runtime.errors import GraphVersionMismatchError, WorkerBusyError
+from hopserve.worker.runtime.errors import (
+    GraphVersionMismatchError,
+    InvalidJobError,
+    ModelNotFoundError,
+    WorkerBusyError,
+)
 
 __all__ = ["SERVICE_NAME", "WorkerServer", "WorkerServicer", "serve_worker"]
 
-log = logging.getLogger(__name__)
+log = rate_limited(__name__)
 
 #: Full protobuf name of the worker service (also its health-check service name).
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
@@ -89,16 +101,36 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.JobRequest, context: grpc.ServicerContext
     ) -> worker_pb2.JobResult:
         job = job_from_proto(request)
-        entry = self.worker.model(job.model, job.model_version)
+        where = f"job {clip(job.job_id)}"
+        models = self.worker.models
+        entry = models.get((job.model, job.model_version))
+        if entry is None:  # Worker.model() would echo the names in full
+            loaded = ", ".join(f"{n}:{v}" for n, v in sorted(models)) or "none"
+            raise ModelNotFoundError(
+                f"{where}: model {quote(job.model)} version {quote(job.model_version)} is not "
+                f"loaded on worker {self.worker.worker_id} (loaded: {loaded})"
+            )
         if request.graph_version and request.graph_version != entry.graph.version:
             raise GraphVersionMismatchError(
-                f"job {job.job_id}: planned on graph version {request.graph_version!r}; "
+                f"{where}: planned on graph version {quote(request.graph_version)}; "
                 f"model {job.model!r} runs on {entry.graph.version!r}"
             )
         remaining = context.time_remaining()
         if job.deadline is None and remaining is not None:  # the call's deadline
             job = dataclasses.replace(job, deadline=time.time() + remaining)
-        result = self.worker.execute(job)
+        try:
+            result = self.worker.execute(job)
+        except JobError as err:
+            unverified = job.fanouts is None and not self.worker.verify_frontiers
+            if unverified and job.frontiers is not None and isinstance(err.__cause__, IndexError):
+                # The planning checks keep the evaluator's row lookups in bounds; should a
+                # frontier inconsistency slip past them, it is still the job's fault.
+                raise InvalidJobError(
+                    f"{where}: the frontiers are inconsistent (a layer reads rows its lower "
+                    "frontier does not hold); send frontiers V^(l-1) that contain V^l and its "
+                    "in-neighbours"
+                ) from err
+            raise
         return result_to_proto(
             result,
             model_version=entry.version,
@@ -110,12 +142,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self, context: grpc.ServicerContext, err: Exception, job_id: str
     ) -> worker_pb2.JobResult:
         code = status_for_error(err)
+        job = clip(job_id)
         if isinstance(err, JobError):
-            log.info("job %s: %s: %s", job_id, code.name, err)
-            details = str(err)
+            details = bound_message(str(err))
+            log.info("job %s: %s: %s", job, code.name, details)
         else:
-            log.exception("job %s: unexpected error", job_id)
-            details = f"job {job_id}: worker error: {type(err).__name__}: {err}"
+            log.exception("job %s: unexpected error", job)
+            details = bound_message(f"job {job}: worker error: {type(err).__name__}: {err}")
         context.set_code(code)
         context.set_details(details)
         return worker_pb2.JobResult()
@@ -174,7 +207,7 @@ def serve_worker(
         ],
     )
     servicer = WorkerServicer(worker, max_pending_jobs=max_pending_jobs)
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+    add_service(server, servicer, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"])
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

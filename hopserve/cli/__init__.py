@@ -16,17 +16,33 @@ app = typer.Typer(
 )
 
 
+def setup_logging(verbose: bool = False) -> None:
+    """Log to stderr (DEBUG with ``verbose``, else INFO), repeated identical warnings
+    rate-limited to one line per minute plus a count (:mod:`hopserve.logs`).
+
+    When the root logger already has handlers (an embedding application, a test runner),
+    they are left as they are, as ``logging.basicConfig`` does.
+    """
+    import logging
+
+    from hopserve.logs import install
+
+    root = logging.getLogger()
+    configured = bool(root.handlers)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not configured:
+        install(root.handlers)
+
+
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Exact GNN node embeddings, computed layer by layer and served over gRPC."""
-    import logging
-
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(verbose)
 
 
 # Command modules register themselves on `app` when imported.

@@ -2,16 +2,22 @@
 
 Exact jobs carry the frontiers ``V^0 … V^L`` the front-end planned (``None`` entry = all
 nodes); they are validated cheaply (1-D int, strictly ascending, in range, nested
-``V^L ⊆ … ⊆ V^0``, targets ⊆ ``V^L``) so that a malformed job fails with
-:class:`InvalidJobError` rather than reading wrong rows. The neighbour coverage
+``V^L ⊆ … ⊆ V^0``, targets ⊆ ``V^L``, and no in-neighbour of ``V^l`` above the largest
+id of ``V^(l-1)``) so that a malformed job fails with :class:`InvalidJobError` rather
+than crashing the evaluator. The last check costs O(|V^l|): in-neighbour lists are
+ascending in the graph store (``indices[indptr[v]:indptr[v+1]]``), so a node's largest
+in-neighbour is the last of its list; it is exactly what keeps the evaluator's row lookup
+(a ``searchsorted`` into ``V^(l-1)``) in bounds. Full neighbour coverage
 ``N_in(V^l) ⊆ V^(l-1)`` costs as much as planning, so it is checked only on request
-(``verify=True``). The worker.proto form with ``L`` entries ``V^1 … V^L`` is accepted
-too: ``V^0`` is then derived from ``V^1`` exactly as the planner would.
+(``verify=True``); without it, frontiers that miss an in-neighbour below that largest id
+are not detected (the front-end's planner never sends such frontiers). The worker.proto
+form with ``L`` entries ``V^1 … V^L`` is accepted too: ``V^0`` is then derived from
+``V^1`` exactly as the planner would.
 
 Sampling jobs (``fanouts`` set) are always planned here from ``targets``, ``fanouts`` and
 ``seed``: the sampled per-layer edges cannot travel in a job, and sampling is keyed per
-node, so the worker draws the same samples the front-end would. Frontiers sent with a
-sampling job are ignored.
+node, so the worker draws the same samples the front-end would. Every fanout must be -1
+or >= 1 (worker.proto). Frontiers sent with a sampling job are ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from hopserve.rpc import clip
 from hopserve.worker.engine.plan import LayerFrontier, Plan, plan_frontiers, segment_positions
 from hopserve.worker.engine.stats import EvalStats
 from hopserve.worker.job import Job, JobStats, time_left
@@ -48,9 +55,9 @@ def check_targets(job: Job, num_nodes: int) -> np.ndarray:
     t = job.targets
     if not isinstance(t, np.ndarray) or t.ndim != 1 or t.dtype.kind not in "iu":
         what = f"{t.dtype}{list(t.shape)}" if isinstance(t, np.ndarray) else type(t).__name__
-        raise InvalidJobError(f"job {job.job_id}: targets must be 1-D integer ids, got {what}")
+        raise InvalidJobError(f"{_job(job)}: targets must be 1-D integer ids, got {what}")
     if t.size == 0:
-        raise InvalidJobError(f"job {job.job_id}: targets is empty")
+        raise InvalidJobError(f"{_job(job)}: targets is empty")
     _check_range(job, "targets", t, num_nodes)
     out = np.ascontiguousarray(t, dtype=np.int64)
     return out if out.flags.writeable else out.copy()  # torch.from_numpy needs writable
@@ -61,7 +68,7 @@ def check_deadline(job: Job) -> None:
     left = time_left(job)
     if left is not None and left <= 0:
         raise DeadlineExceededError(
-            f"job {job.job_id}: deadline passed {-left:.3f}s before the job started"
+            f"{_job(job)}: deadline passed {-left:.3f}s before the job started"
         )
 
 
@@ -73,23 +80,48 @@ def build_plan(job: Job, evaluator, targets: np.ndarray, *, verify: bool = False
     """
     graph = evaluator.graph
     if job.fanouts is not None:
+        fanouts = _check_fanouts(job, evaluator.num_layers)
         try:
-            return evaluator.plan(_as_tensor(targets), list(job.fanouts), int(job.seed))
+            return evaluator.plan(_as_tensor(targets), fanouts, int(job.seed))
         except (ValueError, TypeError) as err:
-            raise InvalidJobError(f"job {job.job_id}: {err}") from None
+            raise InvalidJobError(f"{_job(job)}: {err}") from None
     if job.frontiers is None:
         return evaluator.plan(_as_tensor(targets), None)
-    return Plan(_frontier_layers(job, graph, evaluator.num_layers, targets, verify), None)
+    input_layer = bool(getattr(evaluator, "reads_input_frontier", True))
+    layers = _frontier_layers(job, graph, evaluator.num_layers, targets, verify, input_layer)
+    return Plan(layers, None)
+
+
+def _job(job: Job) -> str:
+    """``"job <id>"`` for messages (a long or unprintable id is quoted and cut)."""
+    return f"job {clip(job.job_id)}"
+
+
+def _check_fanouts(job: Job, num_layers: int) -> list[int]:
+    """``job.fanouts`` as ints: one per layer, each -1 (all) or >= 1 (worker.proto)."""
+    fanouts = [int(f) for f in job.fanouts or ()]
+    if len(fanouts) != num_layers:
+        raise InvalidJobError(
+            f"{_job(job)}: {len(fanouts)} fanouts; the model has {num_layers} layers "
+            "(one fanout per layer, -1 = all neighbours)"
+        )
+    for i, f in enumerate(fanouts):
+        if f != -1 and f < 1:
+            raise InvalidJobError(
+                f"{_job(job)}: fanouts[{i}] (layer {i + 1}) is {f}: use -1 (all neighbours) "
+                "or a count >= 1"
+            )
+    return fanouts
 
 
 def _frontier_layers(
-    job: Job, graph, num_layers: int, targets: np.ndarray, verify: bool
+    job: Job, graph, num_layers: int, targets: np.ndarray, verify: bool, input_layer: bool
 ) -> list[LayerFrontier]:
     n = graph.num_nodes
     sent = list(job.frontiers)
     if len(sent) not in (num_layers, num_layers + 1):
         raise InvalidJobError(
-            f"job {job.job_id}: {len(sent)} frontiers for a {num_layers}-layer model "
+            f"{_job(job)}: {len(sent)} frontiers for a {num_layers}-layer model "
             f"(expected {num_layers + 1}: V^0 … V^{num_layers})"
         )
     layers: list[torch.Tensor | None] = []
@@ -106,12 +138,14 @@ def _frontier_layers(
             continue
         if upper is None:
             raise InvalidJobError(
-                f"job {job.job_id}: frontier V^{layer} is all nodes but V^{layer - 1} is not"
+                f"{_job(job)}: frontier V^{layer} is all nodes but V^{layer - 1} is not"
             )
         _check_subset(job, f"V^{layer}", upper, f"V^{layer - 1}", lower)
         if verify:
             nbrs = graph.indices[segment_positions(graph.indptr, upper)[0]].long().unique()
             _check_subset(job, f"in-neighbours of V^{layer}", nbrs, f"V^{layer - 1}", lower)
+        elif layer > 1 or input_layer:  # without a block 0, layer 1 reads no V^0 rows
+            _check_largest_neighbour(job, graph, layer, upper, lower)
     if layers[-1] is not None:
         _check_subset(
             job, "targets", torch.from_numpy(np.unique(targets)), f"V^{num_layers}", layers[-1]
@@ -119,8 +153,30 @@ def _frontier_layers(
     return [LayerFrontier(nodes) for nodes in layers]
 
 
+def _check_largest_neighbour(
+    job: Job, graph, layer: int, upper: torch.Tensor, lower: torch.Tensor
+) -> None:
+    """No in-neighbour of ``V^layer`` (``upper``) is above the largest id of
+    ``V^(layer-1)`` (``lower``); O(|upper|), reading each node's last in-edge."""
+    indptr = graph.indptr
+    ends = indptr[upper + 1]
+    has = ends > indptr[upper]
+    if not bool(has.any()):
+        return
+    last = graph.indices[ends[has] - 1].long()  # ascending lists: the largest in-neighbour
+    at = int(torch.argmax(last))
+    top, bound = int(last[at]), int(lower[-1])
+    if top > bound:
+        node = int(upper[has][at])
+        raise InvalidJobError(
+            f"{_job(job)}: frontier V^{layer - 1} does not contain the in-neighbours of "
+            f"V^{layer}: node {node} has in-neighbour {top}, above the largest id of "
+            f"V^{layer - 1} ({bound})"
+        )
+
+
 def _check_frontier(job: Job, layer: int, f: np.ndarray, n: int) -> np.ndarray:
-    where = f"job {job.job_id}: frontier V^{layer}"
+    where = f"{_job(job)}: frontier V^{layer}"
     if not isinstance(f, np.ndarray) or f.ndim != 1 or f.dtype.kind not in "iu":
         what = f"{f.dtype}{list(f.shape)}" if isinstance(f, np.ndarray) else type(f).__name__
         raise InvalidJobError(f"{where}: must be 1-D integer ids or None, got {what}")
@@ -140,7 +196,7 @@ def _check_range(job: Job, what: str, ids: np.ndarray, n: int) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= n:
         bad = ids[(ids < 0) | (ids >= n)][:5].tolist()
-        raise InvalidJobError(f"job {job.job_id}: {what} has storage ids outside 0..{n - 1}: {bad}")
+        raise InvalidJobError(f"{_job(job)}: {what} has storage ids outside 0..{n - 1}: {bad}")
 
 
 def _check_subset(job: Job, small_name: str, small, big_name: str, big) -> None:
@@ -151,8 +207,7 @@ def _check_subset(job: Job, small_name: str, small, big_name: str, big) -> None:
     missing = small[big[pos] != small]
     if missing.numel():
         raise InvalidJobError(
-            f"job {job.job_id}: {small_name} not contained in {big_name}: "
-            f"{missing[:5].tolist()} missing"
+            f"{_job(job)}: {small_name} not contained in {big_name}: {missing[:5].tolist()} missing"
         )
 
 
