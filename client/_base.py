@@ -4,7 +4,8 @@ Everything that does not block lives here, once: argument validation, request bu
 response checks and reassembly (:class:`Query`), the retry policy and health-answer
 mapping. The sync and asyncio clients add only the I/O loops.
 
-Retry policy: UNAVAILABLE and RESOURCE_EXHAUSTED are retried up to ``max_retries``
+Retry policy: UNAVAILABLE, RESOURCE_EXHAUSTED and server-side CANCELLED (a server
+shutting down) are retried up to ``max_retries``
 times with exponential backoff and full jitter (``uniform(0, min(backoff_max,
 backoff_base * 2**attempt))``). A call's deadline covers all of its RPCs and sleeps:
 when the next sleep would reach the deadline the last error is raised at once.
@@ -52,8 +53,18 @@ CACHE_POLICIES: dict[str, int] = {
     "bypass": pb.CACHE_BYPASS,
 }
 
-#: Status codes worth retrying: the server was unreachable or shed load.
-RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+#: Status codes worth retrying: the server was unreachable, shed load, or cancelled the
+#: call itself. The clients never cancel a call they still wait for (a deadline is
+#: DEADLINE_EXCEEDED; cancelling an asyncio call raises CancelledError, not an RpcError),
+#: so a CANCELLED status came from the server side: a server shutting down cancels the
+#: calls it had received but not started. Every hopserve RPC is an idempotent read.
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 #: Health-check failures that mean "not ready" rather than a broken call.
 _HEALTH_NOT_READY = frozenset(

@@ -48,6 +48,8 @@ SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].ful
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+DRAIN_LINGER_S = 0.5
+"""On shutdown, how long the gRPC server keeps taking calls after new work is refused."""
 _POLL_LOADING_S = 0.5  # worker status poll while a remote model is not ready yet
 _POLL_READY_S = 5.0  # worker status poll afterwards (memory gauges)
 
@@ -146,15 +148,30 @@ class Service:
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: refuse new requests, let running ones finish for ``grace``
-        seconds (default ``server.grace_period_s``), then release everything."""
+        seconds (default ``server.grace_period_s``), then release everything.
+
+        Order matters for what clients see: first new embedding requests are answered
+        UNAVAILABLE (retryable) by the service itself and health turns NOT_SERVING, while
+        the gRPC server keeps taking calls for at least :data:`DRAIN_LINGER_S`, so calls it
+        has received but not yet handed to the service (a busy event loop) get that answer
+        too; once the requests already in flight have their answers (or ``grace`` passed)
+        the gRPC server stops. Stopping it first made gRPC cancel every call it held but
+        had not handed over (``CANCELLED`` to the client, for requests sent before the
+        signal).
+        """
         if self._stopped:
             return
         self._stopped = True
         grace = self.config.server.grace_period_s if grace is None else grace
         logger.info("shutting down (grace %.1fs)", grace)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         self.frontend.stop_accepting()
         await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace)
+        await asyncio.sleep(min(DRAIN_LINGER_S, grace))
+        if not await self.frontend.wait_idle(max(0.0, deadline - loop.time())):
+            logger.warning("requests still in flight after the %.1fs grace period", grace)
+        await self._server.stop(max(0.0, deadline - loop.time()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

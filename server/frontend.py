@@ -245,6 +245,9 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
         self._pipelines: dict[str, _Pipeline] = {}
         self._writebacks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._active = 0  # RPCs being answered (for the shutdown drain)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.max_chunk_bytes = MAX_CHUNK_BYTES  # embedding bytes per streamed chunk
 
     # ------------------------------------------------------------------ RPCs
@@ -354,10 +357,15 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
             label = ""
         gauge = self.metrics.inflight_requests.labels(label)
         gauge.inc()
+        self._active += 1
+        self._idle.clear()
         start = time.perf_counter()
 
         def record(code: grpc.StatusCode | None) -> None:
             gauge.dec()
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
             seconds = time.perf_counter() - start
             self.metrics.observe_request(method, label, outcome_label(code), seconds)
 
@@ -525,6 +533,16 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
     def stop_accepting(self) -> None:
         """Answer new embedding requests with UNAVAILABLE from now on."""
         self._closing = True
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no RPC is being answered (up to ``timeout``); True if idle.
+
+        After :meth:`stop_accepting` new embedding requests are answered at once, so this
+        returns when the requests that were already in flight have their answers.
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return self._idle.is_set()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop accepting, finish write-backs, fail what is still queued."""

@@ -50,5 +50,17 @@ from hopserve.cli import demo, graph, loadtest, query, serve, worker  # noqa: E4
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    A long-running command that has shut down gracefully (``serve``, ``worker``) exits
+    at once: with torch and PyG loaded, the interpreter's own teardown adds 1-3 s after
+    the last request was answered, and nothing is left to clean up.
+    """
+    from hopserve.cli import common
+
+    try:
+        app()
+    except SystemExit as done:
+        if common.shut_down:
+            common.exit_now(done.code)
+        raise

@@ -3,6 +3,7 @@ and reporting models that cannot be served (one line each, the whole story with 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,13 +14,40 @@ import typer
 if TYPE_CHECKING:  # pragma: no cover
     from hopserve.server.config import HopserveConfig
 
-__all__ = ["fail", "first_line", "load_cli_config", "report_model_failures", "verbose"]
+__all__ = [
+    "exit_now",
+    "fail",
+    "first_line",
+    "load_cli_config",
+    "report_model_failures",
+    "verbose",
+]
+
+shut_down = False
+"""Set by a long-running command once its graceful shutdown is complete (see
+:func:`hopserve.cli.main`)."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` to stderr and exit with ``code``."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=code)
+
+
+def exit_now(code: int | str | None) -> NoReturn:
+    """Flush logs and standard streams, then leave without the interpreter's teardown."""
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if isinstance(code, str):  # sys.exit("message") semantics
+        sys.stderr.write(code + "\n")
+        sys.stderr.flush()
+        code = 1
+    os._exit(code or 0)
 
 
 def verbose() -> bool:

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from hopserve.cli import app
+from hopserve.cli import app, common
 from hopserve.cli.common import fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.serve")
@@ -57,6 +57,7 @@ def serve_cmd(
     if check:
         raise typer.Exit(code=_check(cfg))
     code = asyncio.run(_serve(cfg))
+    common.shut_down = True
     if code:
         raise typer.Exit(code=code)
 

@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from hopserve.cli import app
+from hopserve.cli import app, common
 from hopserve.cli.common import fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.worker")
@@ -89,3 +89,4 @@ def worker_cmd(
     server.stop(grace).wait(grace + 5)
     worker.close()
     log.info("worker stopped")
+    common.shut_down = True

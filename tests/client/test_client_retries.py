@@ -55,6 +55,15 @@ def test_retries_on_resource_exhausted(fake, make_client) -> None:
     assert len(fake.service.calls("GetEmbeddings")) == 3
 
 
+def test_retries_a_call_the_server_cancelled(fake, make_client) -> None:
+    """A server shutting down cancels calls it received but never started; the client
+    never cancels a call it still waits for, so CANCELLED is retried like UNAVAILABLE."""
+    fake.service.fail(grpc.StatusCode.CANCELLED, times=2)
+    client = make_client(fake.target, backoff_base=0.01)
+    assert client.get_embeddings(MODEL, [1, 2]).shape == (2, fake.service.dim)
+    assert len(fake.service.calls("GetEmbeddings")) == 3
+
+
 def test_resource_exhausted_beyond_max_retries_raises(fake, make_client) -> None:
     fake.service.fail(grpc.StatusCode.RESOURCE_EXHAUSTED, times=5, details="queue full")
     client = make_client(fake.target, max_retries=1, backoff_base=0.01)
