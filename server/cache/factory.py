@@ -42,6 +42,7 @@ async def make_cache(
         prefix=config.key_prefix,
         timeout_s=config.redis_timeout_s,
         backoff_s=config.redis_backoff_s,
+        max_connections=config.redis_max_connections,
         integrity_key=read_integrity_key(config.integrity_key_file),
         observer=observer,
     )

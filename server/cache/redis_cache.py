@@ -5,6 +5,12 @@ most ``chunk_keys`` keys each); one :meth:`~RedisEmbeddingCache.put_many` is one
 trip (a pipeline of ``SET key value EX ttl``). redis-py uses the hiredis reply parser
 automatically when ``hiredis`` is installed (``redis.utils.HIREDIS_AVAILABLE``).
 
+Connections: at most ``max_connections`` round trips run at once. A call waits up to
+``timeout_s`` for its turn and is otherwise skipped (a miss, or a dropped store) without
+touching the breaker: a burst of requests is not an outage. (redis-py's own pool raises
+``MaxConnectionsError`` at its cap instead of waiting; our bound keeps it from ever
+reaching it.)
+
 Failure handling: sockets time out after ``timeout_s``; redis-py's own retries are off.
 The first failure opens the breaker: a WARNING is logged once for the outage, and every
 call returns at once (all misses / store dropped) without touching Redis. Every
@@ -86,7 +92,8 @@ class RedisEmbeddingCache(EmbeddingCache):
         timeout_s: Socket connect and read timeout.
         backoff_s: Time between availability probes while Redis is unavailable.
         chunk_keys: Most keys per MGET command (several go in one pipeline).
-        max_connections: Connection pool bound (``None``: unbounded).
+        max_connections: Round trips (and pooled connections) at once; more wait up to
+            ``timeout_s`` for a turn.
         integrity_key: Secret keying the values' MAC (see :mod:`.codec`); ``None``: an
             unkeyed checksum (detects corruption, not forgery).
         observer: Optional receiver of cache events.
@@ -103,7 +110,7 @@ class RedisEmbeddingCache(EmbeddingCache):
         timeout_s: float = 0.25,
         backoff_s: float = 1.0,
         chunk_keys: int = 10_000,
-        max_connections: int | None = None,
+        max_connections: int = 64,
         integrity_key: bytes | None = None,
         observer: CacheObserver | None = None,
     ) -> None:
@@ -111,10 +118,11 @@ class RedisEmbeddingCache(EmbeddingCache):
         secret = url.get_secret_value() if isinstance(url, SecretUrl) else url
         if not prefix or any(c == ":" or c.isspace() for c in prefix):
             raise ValueError(f"prefix must be non-empty without ':' or whitespace (got {prefix!r})")
-        if ttl_s < 0 or timeout_s <= 0 or backoff_s < 0 or chunk_keys < 1:
+        if ttl_s < 0 or timeout_s <= 0 or backoff_s < 0 or chunk_keys < 1 or max_connections < 1:
             raise ValueError(
-                "need ttl_s >= 0, timeout_s > 0, backoff_s >= 0, chunk_keys >= 1 (got "
-                f"{ttl_s}, {timeout_s}, {backoff_s}, {chunk_keys})"
+                "need ttl_s >= 0, timeout_s > 0, backoff_s >= 0, chunk_keys >= 1, "
+                f"max_connections >= 1 (got {ttl_s}, {timeout_s}, {backoff_s}, {chunk_keys}, "
+                f"{max_connections})"
             )
         self.url = redact_url(secret)
         """The URL with its password redacted (safe to log)."""
@@ -124,6 +132,7 @@ class RedisEmbeddingCache(EmbeddingCache):
         self.backoff_s = backoff_s
         self.chunk_keys = chunk_keys
         self._integrity_key = integrity_key or None
+        self._turns = asyncio.Semaphore(max_connections)
         self._client: aioredis.Redis = aioredis.Redis.from_url(
             secret,
             socket_timeout=timeout_s,
@@ -164,6 +173,9 @@ class RedisEmbeddingCache(EmbeddingCache):
             self._record_lookup(namespace, 0, n)
             return mask, rows
         keys = make_keys(self.prefix, namespace, ids)
+        if not await self._take_turn(namespace, "get"):
+            self._record_lookup(namespace, 0, n)
+            return mask, rows
         start = time.perf_counter()
         try:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -174,6 +186,8 @@ class RedisEmbeddingCache(EmbeddingCache):
             self._failed(exc, namespace, "get")
             self._record_lookup(namespace, 0, n)
             return mask, rows
+        finally:
+            self._turns.release()
         self._reachable("get", time.perf_counter() - start)
         values = list(chain.from_iterable(replies))
         mask, rows, rejected = decode_rows(values, keys, namespace.dim, self._integrity_key)
@@ -203,6 +217,8 @@ class RedisEmbeddingCache(EmbeddingCache):
         if not keys:
             return
         expiry: tuple[Any, ...] = ("EX", self.ttl_s) if self.ttl_s else ()
+        if not await self._take_turn(namespace, "put"):
+            return
         start = time.perf_counter()
         try:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -212,6 +228,8 @@ class RedisEmbeddingCache(EmbeddingCache):
         except Exception as exc:  # a cache failure must never fail a request
             self._failed(exc, namespace, "put")
             return
+        finally:
+            self._turns.release()
         self._reachable("put", time.perf_counter() - start)
 
     async def check(self) -> str | None:
@@ -241,6 +259,27 @@ class RedisEmbeddingCache(EmbeddingCache):
                 await self._probe_task
             self._probe_task = None
         await self._client.aclose()
+
+    async def _take_turn(self, namespace: CacheNamespace, op: str) -> bool:
+        """Wait up to ``timeout_s`` for one of ``max_connections`` turns; False: skip the
+        call (counted as an error, logged at most once a minute; the breaker stays)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._turns.acquire()
+        except TimeoutError:
+            self._record_error(namespace, op)
+            now = time.monotonic()
+            if now >= self._next_rejection_log:
+                self._next_rejection_log = now + _REJECTION_LOG_INTERVAL_S
+                logger.warning(
+                    "Redis cache at %s: every connection busy for %.2gs; a %s was skipped "
+                    "(raise cache.redis_max_connections); logged at most once a minute",
+                    self.url,
+                    self.timeout_s,
+                    op,
+                )
+            return False
+        return True
 
     # Circuit breaker --------------------------------------------------------------------
 

@@ -220,6 +220,10 @@ class CacheConfig(_Section):
     redis_backoff_s: Annotated[float, Field(ge=0.0, le=300.0)] = 1.0
     """After a Redis failure, how long to skip Redis before probing it again."""
 
+    redis_max_connections: Annotated[int, Field(ge=1, le=10_000)] = 64
+    """Round trips to Redis at once (the connection pool's size); a lookup waits up to
+    ``redis_timeout_s`` for a turn and is otherwise answered without the cache."""
+
     integrity_key_file: Path | None = None
     """File holding a secret (at least 16 bytes) that keys the MAC of every cached value,
     so that whoever can write to Redis cannot forge a row; every front-end sharing the

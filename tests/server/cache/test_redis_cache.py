@@ -344,3 +344,35 @@ def test_uses_hiredis_parser(redis_server: str) -> None:
             assert expected in type(connection._parser).__name__
 
     run(scenario)
+
+
+def test_a_burst_of_lookups_waits_for_connections_and_never_opens_the_breaker(
+    redis_server: str,
+) -> None:
+    """Regression: redis-py's pool raises MaxConnectionsError at 100 connections instead
+    of waiting; the cache took that for an outage and skipped Redis for a second."""
+
+    async def scenario() -> None:
+        async with RedisEmbeddingCache(redis_server, timeout_s=2.0) as cache:
+            ids = np.arange(64)
+            await cache.put_many(NS, ids, random_rows(64))
+            results = await asyncio.gather(*(cache.get_many(NS, ids) for _ in range(300)))
+            assert all(mask.all() for mask, _ in results)
+            assert cache.available and cache.errors == 0
+
+    run(scenario)
+
+
+def test_no_free_turn_within_the_timeout_skips_the_call_but_redis_stays_in_use(
+    redis_server: str,
+) -> None:
+    async def scenario() -> None:
+        async with RedisEmbeddingCache(redis_server, max_connections=1, timeout_s=0.1) as cache:
+            await cache.put_many(NS, np.array([1]), random_rows(1))
+            await cache._turns.acquire()  # the only connection is busy
+            mask, _ = await cache.get_many(NS, np.array([1]))
+            assert not mask.any() and cache.errors == 1 and cache.available
+            cache._turns.release()
+            assert (await cache.get_many(NS, np.array([1])))[0].all()
+
+    run(scenario)
