@@ -335,7 +335,7 @@ async def _make_workers(config: HopserveConfig, metrics: Metrics) -> _Workers:
 
     if config.server.workers:
         clients = [RemoteWorkerClient(address) for address in config.server.workers]
-        dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=2.0)
+        dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=0.25)
         return _Workers([dispatcher], {m.name: dispatcher for m in config.models})
     from hopserve.worker.runtime import make_worker
 

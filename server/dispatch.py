@@ -114,7 +114,7 @@ class RemoteWorkerClient:
         status_timeout_s: timeout of :meth:`status` calls.
         name: client name (default: ``address``).
         channel_options: extra gRPC channel options. By default the channel reconnects
-            at most 1 s after a worker comes back (gRPC's default backoff grows to 120 s).
+            at most 0.5 s after a worker comes back (gRPC's default backoff grows to 120 s).
         graph_versions: ``{model name: graph version}`` the front-end planned on; sent
             with each job so a worker on another graph snapshot refuses it
             (:class:`GraphVersionMismatchError`). Models not listed are not checked.
@@ -140,9 +140,9 @@ class RemoteWorkerClient:
         self._options = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500),
             *channel_options,
         ]
         self._channel: grpc.aio.Channel | None = None
@@ -256,7 +256,7 @@ class Dispatcher:
         clients: Sequence[WorkerClient],
         *,
         on_worker_state: Callable[[str, bool], None] | None = None,
-        retry_after_s: float = 2.0,
+        retry_after_s: float = 0.5,
         probe_interval_s: float | None = None,
     ) -> None:
         if not clients:
