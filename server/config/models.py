@@ -60,6 +60,16 @@ class ModelConfig(_Section):
     """Extra folders to import ``entrypoint``'s module from, searched before the installed
     packages. The config file's own folder is always searched first."""
 
+    config_dir: Path | None = Field(default=None, exclude=True)
+    """The folder of the config file this model came from (set by the loader; not a key)."""
+
+    @property
+    def search_path(self) -> list[Path]:
+        """Where ``entrypoint``'s module is imported from first: the config file's folder,
+        then ``python_path``."""
+        return list(dict.fromkeys([*([self.config_dir] if self.config_dir else []),
+                                   *self.python_path]))  # fmt: skip
+
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the model class constructor."""
 
@@ -112,14 +122,14 @@ class ModelConfig(_Section):
             raise ConfigError(problems)
 
     def anchored(self, base: Path) -> ModelConfig:
-        """This model with relative paths resolved against ``base``, which also goes first
-        on ``python_path``."""
-        search = [base, *(_anchor(base, p) for p in self.python_path)]
+        """This model with relative paths resolved against ``base``, the config file's
+        folder (also the first place its entrypoint is imported from)."""
         return self.model_copy(
             update={
                 "weights": None if self.weights is None else _anchor(base, self.weights),
                 "graph": _anchor(base, self.graph),
-                "python_path": list(dict.fromkeys(search)),
+                "python_path": [_anchor(base, p) for p in self.python_path],
+                "config_dir": base,
             }
         )
 

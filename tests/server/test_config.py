@@ -75,7 +75,7 @@ def test_minimal_model_defaults(tmp_path: Path) -> None:
     model = load_config(write(tmp_path, MINIMAL), env={}).models[0]
     assert (model.version, model.device, model.fanouts_allowed) == ("1", "cpu", True)
     assert model.weights is None and model.graph == tmp_path / "data" / "cora"  # anchored
-    assert model.python_path == [tmp_path]
+    assert model.python_path == [] and model.search_path == [tmp_path]
 
 
 def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypatch) -> None:
@@ -100,7 +100,9 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypa
     model = config.models[0]
     assert model.weights == folder / "other.pt"  # env values are anchored the same way
     assert model.graph == tmp_path / "data" / "g"
-    assert model.python_path == [folder, folder / "lib"]
+    assert model.python_path == [folder / "lib"]
+    assert model.search_path == [folder, folder / "lib"]
+    assert "config_dir" not in config.model_dump()["models"][0]
     assert config.cache.integrity_key_file == folder / "secrets" / "cache.key"
     assert config.engine.spill_dir == Path("/abs/spill")
     with pytest.raises(ConfigError, match=str(folder / "other.pt")):

@@ -152,7 +152,7 @@ class Worker(abc.ABC):
                 cfg.kwargs,
                 cfg.weights,
                 device="cpu",
-                search_path=cfg.python_path,
+                search_path=cfg.search_path,
                 weights_key=cfg.weights_key,
             )
         except ModelLoadError as err:
