@@ -102,6 +102,7 @@ class Service:
         self._metrics_http: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._settled = asyncio.Event()
+        self._stalled: set[str] = set()  # model names (see _watch_stalls)
         self._started = self._stopped = False
 
     async def start(self) -> None:
@@ -133,6 +134,7 @@ class Service:
         if self._workers.local:
             self._tasks.append(loop.create_task(self._load_local(), name="hopserve-load"))
         self._tasks.append(loop.create_task(self._poll_workers(), name="hopserve-status"))
+        self._tasks.append(loop.create_task(self._watch_stalls(), name="hopserve-stalls"))
         for dispatcher in self._workers.dispatchers:
             dispatcher.start()
         logger.info(
@@ -195,14 +197,43 @@ class Service:
     # ------------------------------------------------------------------ models
 
     async def _publish(self, model: ServedModel) -> None:
-        """Mirror a model's state into health and ``hopserve_model_ready``."""
-        status = _SERVING if model.ready else _NOT_SERVING
-        await self._health.set(model.name, status)
+        """Mirror a model's state into health, ``hopserve_model_ready`` and ``_stalled``.
+
+        A model is SERVING when it is ready and not stalled; the process (``""``) when
+        every model is.
+        """
+        stalled = model.name in self._stalled
+        serving = model.ready and not stalled
+        await self._health.set(model.name, _SERVING if serving else _NOT_SERVING)
         self.metrics.model_ready.labels(model.name, model.version).set(1 if model.ready else 0)
+        self.metrics.model_stalled.labels(model.name).set(1 if stalled else 0)
         models = list(self.models)
-        await self._health.set("", _SERVING if all(m.ready for m in models) else _NOT_SERVING)
+        every = all(m.ready and m.name not in self._stalled for m in models)
+        await self._health.set("", _SERVING if every else _NOT_SERVING)
         if all(m.state != "loading" for m in models):
             self._settled.set()
+
+    async def _watch_stalls(self) -> None:
+        """Turn a model's health NOT_SERVING while its batches stop finishing with work
+        waiting, and back once one finishes (checked every quarter of the stall timeout)."""
+        period = min(1.0, self.config.server.stall_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            for model in self.models:
+                stalled = self.frontend.stalled(model.name)
+                if stalled == (model.name in self._stalled):
+                    continue
+                if stalled:
+                    self._stalled.add(model.name)
+                    logger.error(
+                        "model %r is stalled: requests wait and no batch has finished for "
+                        "%.1fs; health NOT_SERVING until one does",
+                        model.name, self.config.server.stall_timeout_s,
+                    )  # fmt: skip
+                else:
+                    self._stalled.discard(model.name)
+                    logger.info("model %r is no longer stalled", model.name)
+                await self._publish(model)
 
     async def _load_local(self) -> None:
         """Load every model on its device's in-process worker, one at a time."""

@@ -146,6 +146,7 @@ class _Pipeline:
             max_queue=config.max_queue,
             max_inflight=max_inflight,
             max_batch_requests=config.max_batch_requests,
+            stall_after_s=config.stall_timeout_s,
             metrics=metrics,
         )
         self._job_ids = itertools.count()
@@ -529,6 +530,14 @@ class EmbeddingFrontend(embedding_pb2_grpc.EmbeddingServiceServicer):
         tasks = list(self._writebacks)
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
+
+    def stalled(self, model: str) -> bool:
+        """Whether ``model``'s batcher has work and no batch finished for
+        ``server.stall_timeout_s`` (see :meth:`Batcher.stalled`)."""
+        pipeline = self._pipelines.get(model)
+        if pipeline is None:
+            return False
+        return pipeline.batcher.stalled(asyncio.get_running_loop().time())
 
     def stop_accepting(self) -> None:
         """Answer new embedding requests with UNAVAILABLE from now on."""

@@ -196,6 +196,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "1 when the model version is loaded and serving, 0 while loading or after unload.",
     ),
     MetricSpec(
+        "model_stalled", "hopserve_model_stalled", "gauge", ("model",),
+        "1 while requests for the model wait and none of its batches has finished for "
+        "server.stall_timeout_s (a hung or lost worker); its health is NOT_SERVING then.",
+    ),
+    MetricSpec(
         "build_info", "hopserve_build_info", "info", ("version",),
         "Always 1; labels carry the hopserve version of this process.",
     ),
@@ -265,6 +270,7 @@ class Metrics:
     worker_up: Gauge
     worker_jobs: Counter
     model_ready: Gauge
+    model_stalled: Gauge
     build_info: Info
 
     def __init__(

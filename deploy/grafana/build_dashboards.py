@@ -170,9 +170,13 @@ def overview() -> Dashboard:
             Panel("Cache hit ratio", (Query(hit_ratio("")),),
                   "Requested node ids answered from the embedding cache.",
                   unit="percentunit", kind="stat", width=4, height=4, decimals=1),
-            Panel("Models ready", (Query(f"sum(hopserve_model_ready{{{M}}})"),),
-                  "Model versions loaded and serving (hopserve_model_ready).", kind="stat",
-                  width=4, height=4, decimals=0),
+            Panel("Models ready / stalled",
+                  (Query(f"sum(hopserve_model_ready{{{M}}})", "ready"),
+                   Query(f"sum(hopserve_model_stalled{{{M}}})", "stalled")),
+                  "Model versions loaded and serving (hopserve_model_ready), and models whose "
+                  "batches stopped finishing with requests waiting (hopserve_model_stalled; "
+                  "their health is NOT_SERVING).", kind="stat", width=4, height=4,
+                  decimals=0),
             Panel("Workers up", (Query("sum(hopserve_worker_up)"),),
                   "Workers answering health checks, summed over front-ends.", kind="stat",
                   width=4, height=4, decimals=0),
@@ -368,13 +372,21 @@ def cache() -> Dashboard:
             Panel("Cache up",
                   (Query("min by (backend, instance) (hopserve_cache_up)",
                          "{{backend}} {{instance}}"),),
-                  "0 while a front-end skips its backend after a failure.", width=12, max=1,
+                  "0 while a front-end skips its backend after a failure.", width=8, max=1,
                   decimals=0),
+            Panel("Values refused by the integrity check/s",
+                  (Query(or_zero(f"hopserve_cache_rejected_total{{{M}}}", f"{misses}{{{M}}}",
+                                 "model, backend, reason"),
+                         "{{model}} {{backend}} {{reason}}"),),
+                  "Cached values whose envelope failed (format, checksum) or that held "
+                  "NaN/Inf: recomputed and overwritten, never served. Any rate means "
+                  "corruption or tampering in the cache.", unit="ops", width=8,
+                  thresholds=((0.001, "red"),)),
             Panel("Lookup and write-back, front-end view",
                   (Query(quantile(0.95, "hopserve_stage_duration_seconds",
                                   f'{M}, stage=~"cache_lookup|write_back"', "stage"),
                          "{{stage}} p95"),),
-                  "p95 of the cache_lookup and write_back stages.", unit="s", width=12),
+                  "p95 of the cache_lookup and write_back stages.", unit="s", width=8),
         ),
     )  # fmt: skip
     return Dashboard(

@@ -173,6 +173,11 @@ class ServerConfig(_Section):
     default_deadline_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 30.0
     """Deadline applied to requests that arrive without one."""
 
+    stall_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
+    """A model whose batches stop finishing for this long while requests wait is reported
+    stalled: health NOT_SERVING for it and ``hopserve_model_stalled`` 1, until a batch
+    finishes again. Set it above your slowest expected batch."""
+
     grace_period_s: Annotated[float, Field(ge=0.0, le=600.0)] = 10.0
     """On shutdown, how long in-flight requests may finish before being cancelled."""
 

@@ -43,6 +43,7 @@ CONTRACT = {
     "hopserve_worker_up": ("gauge", ("worker",)),
     "hopserve_worker_jobs_total": ("counter", ("worker", "outcome")),
     "hopserve_model_ready": ("gauge", ("model", "version")),
+    "hopserve_model_stalled": ("gauge", ("model",)),
     "hopserve_build_info": ("info", ("version",)),
 }
 

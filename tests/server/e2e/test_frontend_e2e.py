@@ -582,3 +582,47 @@ def test_hopserve_serve_cli_serves_and_stops_on_sigterm(
     assert f"127.0.0.1:{config.server.port}" in text
     assert f"127.0.0.1:{config.server.metrics_port}/metrics" in text
     assert "shutting down" in text
+
+
+def test_a_stalled_model_turns_not_serving_and_recovers(
+    make_config, start_server, evaluator, all_ids
+) -> None:
+    """A model whose batches stop finishing while requests wait (here: its worker is
+    stuck behind a held model lock) must show it: health NOT_SERVING for the model and
+    the process, hopserve_model_stalled 1; both recover once a batch finishes."""
+    server = start_server(make_config(cache={"backend": "none"}, stall_timeout_s=0.4))
+    worker = server.service._workers.local["cpu"]
+    lock = worker.model(MODEL, "1").lock
+
+    def health(service: str) -> int:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert health(MODEL) == serving and server.sample("hopserve_model_stalled", model=MODEL) == 0
+    answer: dict[str, Any] = {}
+    lock.acquire()  # the worker hangs
+    try:
+        thread = threading.Thread(
+            target=lambda: answer.setdefault("rows", raw(server.target, request(all_ids[:3])))
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        while health(MODEL) == serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health(MODEL) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health("") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert server.sample("hopserve_model_stalled", model=MODEL) == 1
+    finally:
+        lock.release()  # the worker answers again
+    thread.join(10)
+    np.testing.assert_allclose(
+        decode_embeddings(answer["rows"].embeddings, 3, 5), expected(evaluator, all_ids[:3]),
+        atol=ATOL, rtol=RTOL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while health(MODEL) != serving and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert health(MODEL) == serving and health("") == serving
+    assert server.sample("hopserve_model_stalled", model=MODEL) == 0
