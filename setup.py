@@ -19,4 +19,8 @@ for package, folder in FOLDERS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=FOLDERS, package_data={"hopserve.proto": ["**/*.proto", "**/*.pyi"]})
+setup(
+    packages=packages,
+    package_dir=FOLDERS,
+    package_data={"hopserve.proto": ["**/*.proto", "**/*.pyi"]},
+)

@@ -176,7 +176,7 @@ class ServerThread:
 
 def hopserve_config(servable: Servable, cache: dict[str, Any]) -> Any:
     """A :class:`HopserveConfig` serving :data:`MODEL` on free loopback ports."""
-    from hopserve.server.config import HopserveConfig
+    from hopserve.config import HopserveConfig
 
     return HopserveConfig.model_validate(
         {

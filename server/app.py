@@ -1,7 +1,7 @@
 """Build and run a whole front-end: metrics, cache, workers, dispatch, gRPC services.
 
 ``service = await build_server(config)`` assembles everything from a
-:class:`~hopserve.server.config.HopserveConfig`; ``await service.start()`` binds the
+:class:`~hopserve.config.HopserveConfig`; ``await service.start()`` binds the
 gRPC server (``EmbeddingService``, ``grpc.health.v1`` and server reflection) and the
 Prometheus endpoint, then loads the models in the background; ``await service.stop()``
 shuts down gracefully. Readiness (health) is NOT_SERVING until the models are loaded:
@@ -29,10 +29,10 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from hopserve.config import ConfigError, HopserveConfig
 from hopserve.proto.v1 import embedding_pb2
 from hopserve.rpc import add_service
 from hopserve.server.cache import EmbeddingCache, make_cache
-from hopserve.server.config import ConfigError, HopserveConfig
 from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
 from hopserve.server.frontend import EmbeddingFrontend
 from hopserve.server.metrics import Metrics, start_metrics_server

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from hopserve.config import ServerConfig
 from hopserve.logs import rate_limited
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
 from hopserve.rpc import UndecodableRequest
 from hopserve.server.batcher import Batcher, BatchKey, BatchReply, BatchRun
 from hopserve.server.cache import CacheNamespace, EmbeddingCache
-from hopserve.server.config import ServerConfig
 from hopserve.server.dispatch import Dispatcher
 from hopserve.server.errors import (
     InvalidRequestError,

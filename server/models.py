@@ -1,6 +1,6 @@
 """The front-end's view of its served models: config + graph + what the worker reported.
 
-A :class:`ServedModel` is created from its :class:`~hopserve.server.config.ModelConfig`
+A :class:`ServedModel` is created from its :class:`~hopserve.config.ModelConfig`
 with the model's graph store opened by the front-end (it maps external IDs and plans
 frontiers on it). It starts *loading*; once a worker has the model, :meth:`mark_ready`
 records the embedding width, the number of layers and the block schema (from the
@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hopserve.config import ModelConfig
 from hopserve.proto.v1 import embedding_pb2 as pb
-from hopserve.server.config import ModelConfig
 from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError, quote
 
 __all__ = ["BlockSpec", "ModelRegistry", "ServedModel", "blocks_of"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hopserve.server.config import HopserveConfig
+    from hopserve.config import HopserveConfig
 
 __all__ = [
     "exit_now",
@@ -66,7 +66,7 @@ def load_cli_config(path: Path, **server_overrides: object) -> HopserveConfig:
     Exits with code 2 on any problem: unreadable or invalid file, missing paths, an
     override that fails validation, no models.
     """
-    from hopserve.server.config import ConfigError, load_config
+    from hopserve.config import ConfigError, load_config
 
     overrides = {k: v for k, v in server_overrides.items() if v is not None}
     try:

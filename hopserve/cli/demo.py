@@ -201,7 +201,7 @@ def demo(
     """Train a small GraphSAGE, evaluate it layer-wise, serve it and query it."""
     from rich.console import Console
 
-    from hopserve.server.config import HopserveConfig
+    from hopserve.config import HopserveConfig
 
     console = Console()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -100,8 +100,8 @@ def _check(cfg) -> int:  # noqa: ANN001 - HopserveConfig
 
 async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
     """Run until a signal; the exit code (2 when a model failed to load)."""
+    from hopserve.config import ConfigError
     from hopserve.server.app import build_server
-    from hopserve.server.config import ConfigError
 
     try:
         service = await build_server(cfg)

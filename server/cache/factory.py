@@ -1,16 +1,16 @@
-"""Build the cache named by :class:`~hopserve.server.config.CacheConfig`."""
+"""Build the cache named by :class:`~hopserve.config.CacheConfig`."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from hopserve.config.errors import ConfigError
+from hopserve.config.models import CacheConfig
 from hopserve.server.cache.base import CacheObserver, EmbeddingCache
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 from hopserve.server.cache.null import NullCache
 from hopserve.server.cache.redis_cache import RedisEmbeddingCache
-from hopserve.server.config.errors import ConfigError
-from hopserve.server.config.models import CacheConfig
 
 __all__ = ["make_cache", "read_integrity_key"]
 

@@ -40,6 +40,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from hopserve.config.types import SecretUrl, redact_url
 from hopserve.server.cache.base import CacheNamespace, CacheObserver, EmbeddingCache
 from hopserve.server.cache.codec import (
     as_node_ids,
@@ -48,7 +49,6 @@ from hopserve.server.cache.codec import (
     encode_rows,
     make_keys,
 )
-from hopserve.server.config.types import SecretUrl, redact_url
 
 __all__ = ["RedisEmbeddingCache"]
 

@@ -100,7 +100,7 @@ def test_dashboard_structure(path: Path) -> None:
 
 
 def test_queue_depth_threshold_is_max_queue() -> None:
-    from hopserve.server.config import load_config
+    from hopserve.config import load_config
 
     max_queue = load_config(DEPLOY / "hopserve.yaml", env={}).server.max_queue
     overview = load(DEPLOY / "grafana" / "dashboards" / "overview.json")

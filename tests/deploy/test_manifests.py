@@ -3,7 +3,7 @@
 Every file parses (``yaml.safe_load_all``); every ``hopserve ...`` command line is parsed
 by the real Typer app (unknown commands or options, bad values fail); ports, addresses,
 health service names and the Redis eviction policy agree with the configs, which load
-with :func:`hopserve.server.config.load_config` (paths need not exist: ``load_config``
+with :func:`hopserve.config.load_config` (paths need not exist: ``load_config``
 does not check them, ``validate_paths`` would, and the deployed paths live in volumes).
 """
 
@@ -23,8 +23,8 @@ import yaml
 from livestack import DEPLOY
 
 from hopserve.cli import app
+from hopserve.config import HopserveConfig, load_config
 from hopserve.server.app import SERVICE_NAME as FRONTEND_SERVICE
-from hopserve.server.config import HopserveConfig, load_config
 from hopserve.worker.service import SERVICE_NAME as WORKER_SERVICE
 
 ROOT = DEPLOY.parent

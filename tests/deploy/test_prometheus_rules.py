@@ -17,7 +17,7 @@ import pytest
 import yaml
 from livestack import DEPLOY
 
-from hopserve.server.config import load_config
+from hopserve.config import load_config
 
 PROMETHEUS = DEPLOY / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"

@@ -46,7 +46,9 @@ class GraphSAGE(nn.Module):
     def __init__(self, d_in: int, hidden: int = 16, d_out: int = 5, aggr: str = "mean"):
         super().__init__()
         dims = [d_in, hidden, hidden, d_out]
-        self.convs = nn.ModuleList(SAGEConv(a, b, aggr=aggr) for a, b in zip(dims, dims[1:], strict=False))
+        self.convs = nn.ModuleList(
+            SAGEConv(a, b, aggr=aggr) for a, b in zip(dims, dims[1:], strict=False)
+        )
 
     def forward(self, x, edge_index):
         for i, conv in enumerate(self.convs):

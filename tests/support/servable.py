@@ -17,7 +17,7 @@ from torch import nn
 from torch_geometric.nn import SAGEConv
 
 from hopserve import GraphStore
-from hopserve.server.config import ModelConfig
+from hopserve.config import ModelConfig
 from hopserve.worker.engine.plan import plan_frontiers
 from hopserve.worker.job import Job
 

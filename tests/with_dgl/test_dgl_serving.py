@@ -29,8 +29,8 @@ from torch import nn  # noqa: E402
 
 from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
 from hopserve.client import AsyncEmbeddingClient, EmbeddingClient  # noqa: E402
+from hopserve.config import HopserveConfig  # noqa: E402
 from hopserve.server.app import Service, build_server  # noqa: E402
-from hopserve.server.config import HopserveConfig  # noqa: E402
 from hopserve.testing import free_port  # noqa: E402
 from hopserve.worker.runtime import make_worker  # noqa: E402
 from hopserve.worker.runtime.base import _output_dim  # noqa: E402

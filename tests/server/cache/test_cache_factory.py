@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hopserve.config import CacheConfig
 from hopserve.server.cache import (
     CacheNamespace,
     EmbeddingCache,
@@ -17,7 +18,6 @@ from hopserve.server.cache import (
     RedisEmbeddingCache,
     make_cache,
 )
-from hopserve.server.config import CacheConfig
 
 NS = CacheNamespace("m", "1", "g", dim=4)
 LOGGERS = "hopserve.server.cache"
@@ -107,7 +107,7 @@ def test_integrity_key_file_keys_the_mac(redis_server: str, tmp_path) -> None:
 
 
 def test_short_or_missing_integrity_key_is_a_config_error(tmp_path, caplog) -> None:
-    from hopserve.server.config import ConfigError
+    from hopserve.config import ConfigError
 
     short = tmp_path / "short.key"
     short.write_text("tiny-secret")

@@ -33,8 +33,8 @@ from support.models import build
 
 from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.client import EmbeddingClient
+from hopserve.config import HopserveConfig
 from hopserve.server.app import Service, build_server
-from hopserve.server.config import HopserveConfig
 
 MODEL = "sage"
 NUM_NODES = 300

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.servable import Servable, write_servable
 
-from hopserve.server.config import EngineConfig
+from hopserve.config import EngineConfig
 from hopserve.worker.runtime import make_worker
 
 

@@ -216,7 +216,7 @@ def test_make_worker_picks_the_class():
 def test_refused_model_says_how_to_serve_it_and_the_config_fallback_serves_it(servable):
     """Regression: refusals recommended `fallback='nodewise'`, a key the YAML config did
     not have."""
-    from hopserve.server.config import ModelConfig
+    from hopserve.config import ModelConfig
 
     fields = servable.config().model_dump() | {
         "entrypoint": "support.servable:TinyAPPNP",

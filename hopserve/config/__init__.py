@@ -1,4 +1,8 @@
-"""Configuration of a ``hopserve serve`` process: one YAML file, validated by pydantic.
+"""Configuration of every hopserve process (front-end and workers): one YAML file.
+
+Both sides read the same file (the front-end its ``server`` and ``cache`` sections, the
+workers ``models`` and ``engine``), so configuration is a top-level concept, validated
+by pydantic, and importable without torch.
 
 One model per area (:class:`ModelConfig`, :class:`ServerConfig`, :class:`CacheConfig`,
 :class:`EngineConfig`, :class:`LoggingConfig`) gathered into :class:`HopserveConfig`;
@@ -7,9 +11,9 @@ raises :class:`ConfigError` naming the source, key path and value of every probl
 ``examples/hopserve.yaml`` is a commented example.
 """
 
-from hopserve.server.config.errors import ConfigError
-from hopserve.server.config.loader import ENV_NESTED_DELIMITER, ENV_PREFIX, load_config
-from hopserve.server.config.models import (
+from hopserve.config.errors import ConfigError
+from hopserve.config.loader import ENV_NESTED_DELIMITER, ENV_PREFIX, load_config
+from hopserve.config.models import (
     CacheConfig,
     EngineConfig,
     HopserveConfig,
@@ -17,7 +21,7 @@ from hopserve.server.config.models import (
     ModelConfig,
     ServerConfig,
 )
-from hopserve.server.config.types import SecretUrl, redact_url
+from hopserve.config.types import SecretUrl, redact_url
 
 __all__ = [
     "ENV_NESTED_DELIMITER",

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
-from hopserve.server.config.errors import ConfigError
-from hopserve.server.config.types import Address, Device, Entrypoint, Identifier, SecretUrl
+from hopserve.config.errors import ConfigError
+from hopserve.config.types import Address, Device, Entrypoint, Identifier, SecretUrl
 
 __all__ = [
     "CacheConfig",

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hopserve.server.config.errors import ConfigError
-from hopserve.server.config.models import HopserveConfig
-from hopserve.server.config.types import redact_url
+from hopserve.config.errors import ConfigError
+from hopserve.config.models import HopserveConfig
+from hopserve.config.types import redact_url
 
 __all__ = ["ENV_NESTED_DELIMITER", "ENV_PREFIX", "load_config"]
 

@@ -1,4 +1,4 @@
-"""hopserve.server.config: example loads, errors name key path and value, env overrides."""
+"""hopserve.config: example loads, errors name key path and value, env overrides."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hopserve.server.config import (
+from hopserve.config import (
     CacheConfig,
     ConfigError,
     HopserveConfig,
