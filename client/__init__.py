@@ -9,7 +9,7 @@ enough to query a server::
         emb = client.get_embeddings("sage", [3, 1, 4])  # float32 [3, dim]
 
 :class:`AsyncEmbeddingClient` has the same methods as coroutines. Failures raise
-:class:`HopserveError` subclasses carrying the gRPC status; :mod:`hopserve.client.wire`
+:class:`HopserveError` subclasses carrying the gRPC status; :mod:`hopserve.proto.tensors`
 packs and unpacks the raw tensors of the wire format.
 """
 
@@ -25,7 +25,7 @@ from hopserve.client.errors import (
 )
 from hopserve.client.results import BlockInfo, EmbeddingResult, ModelInfo
 from hopserve.client.sync import EmbeddingClient
-from hopserve.client.wire import decode_embeddings, encode_embeddings
+from hopserve.proto.tensors import decode_embeddings, encode_embeddings
 
 __all__ = [
     "AsyncEmbeddingClient",

@@ -32,7 +32,7 @@ from hopserve.client.errors import (
     rpc_status,
 )
 from hopserve.client.results import TIMING_STAGES, EmbeddingResult
-from hopserve.client.wire import decode_embeddings
+from hopserve.proto.tensors import decode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -6,20 +6,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hopserve.proto.contract import STAGES
 from hopserve.proto.v1 import embedding_pb2 as pb
 
 __all__ = ["TIMING_STAGES", "BlockInfo", "EmbeddingResult", "ModelInfo"]
 
-#: Keys of :attr:`EmbeddingResult.timing`, in pipeline order (``StageTiming`` fields).
-TIMING_STAGES = (
-    "cache_lookup",
-    "queue_wait",
-    "planning",
-    "compute",
-    "transfer",
-    "write_back",
-    "total",
-)
+#: Keys of :attr:`EmbeddingResult.timing`, in pipeline order (``StageTiming`` fields): the
+#: contract's stage names, then ``total``.
+TIMING_STAGES = (*STAGES, "total")
 
 
 def _dtype_name(dtype: int) -> str:

@@ -12,24 +12,30 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GraphStore": "hopserve.worker.graph.store",
+    "GraphTopology": "hopserve.worker.graph.topology",
     "LayerwiseEvaluator": "hopserve.worker.engine.evaluator",
     "NodewiseEvaluator": "hopserve.worker.engine.nodewise",
+    "make_evaluator": "hopserve.worker.engine.factory",
     "register_conv": "hopserve.worker.convs.registry",
 }
 
 __all__ = [
     "GraphStore",
+    "GraphTopology",
     "LayerwiseEvaluator",
     "NodewiseEvaluator",
     "__version__",
+    "make_evaluator",
     "register_conv",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from hopserve.worker.convs.registry import register_conv
     from hopserve.worker.engine.evaluator import LayerwiseEvaluator
+    from hopserve.worker.engine.factory import make_evaluator
     from hopserve.worker.engine.nodewise import NodewiseEvaluator
     from hopserve.worker.graph.store import GraphStore
+    from hopserve.worker.graph.topology import GraphTopology
 
 
 def __getattr__(name: str) -> Any:

@@ -30,14 +30,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hopserve.config import ConfigError, HopserveConfig
+from hopserve.proto.contract import ModelStatus, WorkerUnavailableError
 from hopserve.proto.v1 import embedding_pb2
 from hopserve.rpc import add_service
 from hopserve.server.cache import EmbeddingCache, make_cache
 from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
-from hopserve.server.frontend import EmbeddingFrontend
+from hopserve.server.edge import EmbeddingService
 from hopserve.server.metrics import Metrics, start_metrics_server
 from hopserve.server.models import ModelRegistry, ServedModel
-from hopserve.worker.job import WorkerUnavailableError
+from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["SERVICE_NAME", "Service", "build_server"]
 
@@ -70,7 +71,7 @@ class Service:
         port: The bound gRPC port.
         metrics_port: The bound ``/metrics`` port, ``None`` when disabled (set by
             :meth:`start`).
-        frontend: The ``EmbeddingService`` servicer.
+        edge: The ``EmbeddingService`` servicer (the RPC edge).
         models: The served models.
         metrics: The process's metrics (own registry).
         cache: The embedding cache.
@@ -82,7 +83,7 @@ class Service:
         *,
         server: grpc.aio.Server,
         port: int,
-        frontend: EmbeddingFrontend,
+        edge: EmbeddingService,
         models: ModelRegistry,
         metrics: Metrics,
         cache: EmbeddingCache,
@@ -92,7 +93,7 @@ class Service:
         self.config = config
         self.port = port
         self.metrics_port: int | None = None
-        self.frontend = frontend
+        self.edge = edge
         self.models = models
         self.metrics = metrics
         self.cache = cache
@@ -168,16 +169,16 @@ class Service:
         logger.info("shutting down (grace %.1fs)", grace)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        self.frontend.stop_accepting()
+        self.edge.stop_accepting()
         await self._health.enter_graceful_shutdown()
         await asyncio.sleep(min(DRAIN_LINGER_S, grace))
-        if not await self.frontend.wait_idle(max(0.0, deadline - loop.time())):
+        if not await self.edge.wait_idle(max(0.0, deadline - loop.time())):
             logger.warning("requests still in flight after the %.1fs grace period", grace)
         await self._server.stop(max(0.0, deadline - loop.time()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.frontend.close(timeout=max(grace, 1.0))
+        await self.edge.close(timeout=max(grace, 1.0))
         for dispatcher in self._workers.dispatchers:
             await dispatcher.close()
         for worker in self._workers.local.values():
@@ -220,7 +221,7 @@ class Service:
         while True:
             await asyncio.sleep(period)
             for model in self.models:
-                stalled = self.frontend.stalled(model.name)
+                stalled = self.edge.stalled(model.name)
                 if stalled == (model.name in self._stalled):
                     continue
                 if stalled:
@@ -243,7 +244,7 @@ class Service:
                 loaded = await asyncio.to_thread(
                     worker.load_model, model.config, self.config.engine
                 )
-                model.adopt(loaded.describe(), loaded.evaluator)
+                model.adopt(loaded.status())
             except Exception as err:
                 logger.error("model %r failed to load: %s", model.name, err, exc_info=True)
                 model.mark_failed(_first_line(err))
@@ -261,26 +262,23 @@ class Service:
     async def _poll_workers(self) -> None:
         """Poll worker status: device memory gauges; remote models become ready."""
         while True:
-            reported: dict[tuple[str, str], dict[str, Any]] = {}
+            reported: dict[tuple[str, str], ModelStatus] = {}
             for dispatcher in self._workers.dispatchers:
                 for client in dispatcher.clients:
                     try:
-                        info = await client.status()  # type: ignore[attr-defined]
+                        status = await client.status()
                     except (WorkerUnavailableError, OSError) as err:
                         logger.debug("status of worker %s: %s", client.name, err)
                         continue
                     except Exception:
                         logger.warning("status of worker %s failed", client.name, exc_info=True)
                         continue
+                    memory = status.memory
                     self.metrics.set_worker_memory(
-                        client.name,
-                        str(info.get("device", "")),
-                        int(info.get("device_memory_used_bytes", 0)),
-                        int(info.get("device_memory_total_bytes", 0)),
-                        int(info.get("device_memory_peak_bytes", 0)),
+                        client.name, status.device, memory.used, memory.total, memory.peak
                     )
-                    for entry in info.get("models", []):
-                        reported[(str(entry["name"]), str(entry["version"]))] = entry
+                    for entry in status.models:
+                        reported[(entry.name, entry.version)] = entry
             if not self._workers.local:
                 for model in self.models:
                     entry = reported.get((model.name, model.version))
@@ -298,27 +296,27 @@ class Service:
 async def build_server(config: HopserveConfig) -> Service:
     """Assemble a front-end from ``config`` (nothing is served before ``start()``).
 
-    Opens every model's graph store (for ID mapping and planning), creates the metrics,
-    the cache (``make_cache``), the workers and their dispatchers, and binds the gRPC
-    server with ``EmbeddingService``, health and reflection.
+    Opens the topology of every model's graph store (ID mapping and planning: no features,
+    no torch), creates the metrics, the cache (``make_cache``), the workers and their
+    dispatchers, and binds the gRPC server with ``EmbeddingService``, health and
+    reflection.
 
     Raises:
         ConfigError: a graph store cannot be opened, or the gRPC port cannot be bound.
     """
-    from hopserve.worker.graph.store import GraphStore
 
     metrics = Metrics()
     served: list[ServedModel] = []
     for index, model_cfg in enumerate(config.models):
         try:
-            graph = await asyncio.to_thread(GraphStore.open, model_cfg.graph)
+            topology = await asyncio.to_thread(GraphTopology.open, model_cfg.graph)
         except (OSError, ValueError) as err:
             raise ConfigError(f"models[{index}].graph: {err}") from None
-        served.append(ServedModel(model_cfg, graph))
+        served.append(ServedModel(model_cfg, topology))
     models = ModelRegistry(served)
     workers = await _make_workers(config, metrics)
     cache = await make_cache(config.cache, observer=metrics.cache_observer())
-    frontend = EmbeddingFrontend(
+    edge = EmbeddingService(
         config.server, models, cache, {n: d for n, d in workers.by_model.items()}, metrics
     )
     max_message = max(4 << 20, config.server.max_request_nodes * 11 + (1 << 16))
@@ -329,8 +327,8 @@ async def build_server(config: HopserveConfig) -> Service:
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
         ]
     )
-    add_service(server, frontend, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
-                on_undecodable=frontend.reject_undecodable)  # fmt: skip
+    add_service(server, edge, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
+                on_undecodable=edge.reject_undecodable)  # fmt: skip
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -351,7 +349,7 @@ async def build_server(config: HopserveConfig) -> Service:
         config,
         server=server,
         port=port,
-        frontend=frontend,
+        edge=edge,
         models=models,
         metrics=metrics,
         cache=cache,

@@ -4,12 +4,15 @@ Triton's dynamic batcher, specialised for GNNs: requests that share target nodes
 through the planner, neighbourhoods) share work. Contract of :meth:`Batcher.submit`:
 
 * Only requests with the same :class:`BatchKey` (fanouts, seed) coalesce.
+* The edge submits unique ascending storage ids (it deduplicated them once) and they are
+  used as they are; other input (any order, duplicates) is deduplicated here.
 * A batch collects submissions for up to ``max_wait_s`` after its first arrival, or until
   the waiting requests carry ``max_batch_targets`` targets; it takes the oldest waiting
-  requests whose union has at most ``max_batch_targets`` targets. The union is
-  deduplicated (``np.unique``), so a target wanted by several requests is computed once;
-  each request gets its rows back by ``searchsorted``. A request with more unique targets than
-  ``max_batch_targets`` is split into parts of at most that many, each batched on its own.
+  requests whose union has at most ``max_batch_targets`` targets. A target wanted by
+  several requests is computed once: the union of a shared batch is formed once, and each
+  request gets its rows back by ``searchsorted`` (a batch of one request is used as is). A
+  request with more targets than ``max_batch_targets`` is split into parts of at most
+  that many, each batched on its own.
 * At most ``max_queue`` requests wait per model (:class:`QueueFullError` beyond), and at
   most ``max_inflight`` batches run at once; the next batch accumulates meanwhile.
 * A request whose deadline passes (or whose caller is cancelled) leaves at once with
@@ -43,6 +46,7 @@ import numpy as np
 
 from hopserve.server.errors import DeadlineExceededError, QueueFullError, ShuttingDownError
 from hopserve.server.metrics import Metrics
+from hopserve.server.timing import StageTimes
 
 __all__ = ["BatchKey", "BatchReply", "BatchRun", "BatchRunner", "Batcher"]
 
@@ -70,10 +74,8 @@ class BatchRun:
 
     rows: np.ndarray
     """float32 ``[len(targets), dim]``; row ``i`` belongs to ``targets[i]``."""
-    timing: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage of the batch (``planning``, ``compute``, ``transfer``, ...)."""
-    layer_compute: tuple[float, ...] = ()
-    """Compute seconds per layer (layer 1 first)."""
+    timing: StageTimes = field(default_factory=StageTimes)
+    """Seconds per stage of the batch (shared by every request in it)."""
     num_requests: int = 0
     """Requests that shared the batch (set by the batcher)."""
 
@@ -83,7 +85,7 @@ class BatchReply:
     """Result of :meth:`Batcher.submit`."""
 
     rows: np.ndarray
-    """float32 ``[len(storage_ids), dim]``, in submission order (duplicates repeated)."""
+    """float32 ``[len(storage_ids), dim]``, in submission (ascending id) order."""
     queue_wait_s: float
     """From submission until the request's last part was dispatched."""
     runs: tuple[BatchRun, ...]
@@ -218,10 +220,11 @@ class Batcher:
     # ------------------------------------------------------------------------ submit
 
     async def submit(self, storage_ids: np.ndarray, key: BatchKey, deadline: float) -> BatchReply:
-        """Rows of ``storage_ids`` (any order, duplicates allowed), computed in a batch.
+        """Rows of ``storage_ids`` (in their order, duplicates repeated), computed in a batch.
 
         Args:
-            storage_ids: int storage ids of the model's graph, 1-D.
+            storage_ids: int storage ids of the model's graph, 1-D; unique ascending ids
+                (what the edge sends) are used without another ``np.unique``.
             key: Batch key; only equal keys share a batch.
             deadline: Absolute instant on the event loop's clock (``loop.time()``).
 
@@ -241,6 +244,11 @@ class Batcher:
         ids = np.asarray(storage_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise ValueError("storage_ids is empty")
+        if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
+            uniq, back = ids, None
+        else:
+            uniq = np.unique(ids)
+            back = np.searchsorted(uniq, ids)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if now >= deadline:
@@ -248,7 +256,6 @@ class Batcher:
         self._ensure_loop()
         if self._depth == 0 and not self._running:  # idle until now: nothing is late yet
             self._last_progress = now
-        uniq = np.unique(ids)
         request = _Request(uniq, deadline, now)
         parts = [
             _Part(request, uniq[i : i + self.max_batch_targets], loop.create_future(), now)
@@ -278,29 +285,20 @@ class Batcher:
             results = [f.result() for f in futures]
         finally:
             self._leave(request, parts)
-        return self._assemble(ids, uniq, parts, results, request)
+        return self._assemble(parts, results, request, back)
 
     def _assemble(
         self,
-        ids: np.ndarray,
-        uniq: np.ndarray,
         parts: list[_Part],
         results: list[tuple[np.ndarray, BatchRun]],
         request: _Request,
+        back: np.ndarray | None,
     ) -> BatchReply:
-        if len(parts) == 1:
-            rows_uniq = results[0][0]
-        else:
-            dim = results[0][0].shape[1]
-            rows_uniq = np.empty((len(uniq), dim), dtype=np.float32)
-            offset = 0
-            for part, (rows, _) in zip(parts, results, strict=True):
-                rows_uniq[offset : offset + len(part.ids)] = rows
-                offset += len(part.ids)
-        if len(uniq) == len(ids) and _sorted_unique(ids):
-            rows = rows_uniq
-        else:
-            rows = rows_uniq[np.searchsorted(uniq, ids)]
+        """The request's rows: its parts' in order (they tile its unique ids), gathered
+        back to the submitted order when that was not unique ascending."""
+        rows = results[0][0] if len(parts) == 1 else np.concatenate([r for r, _ in results])
+        if back is not None:
+            rows = rows[back]
         dispatched = (
             request.dispatched_at if request.dispatched_at is not None else request.enqueued
         )
@@ -462,7 +460,10 @@ class Batcher:
         live = [p for p in batch.parts if p.live]
         if not live:
             return
-        targets = np.unique(np.concatenate([p.ids for p in live]))
+        # One request alone: its ids are the targets; shared: their union, formed once.
+        targets = (
+            live[0].ids if len(live) == 1 else np.unique(np.concatenate([p.ids for p in live]))
+        )
         deadline = max(p.request.deadline for p in live)
         num_requests = len({id(p.request) for p in live})
         if self._metrics is not None:
@@ -482,7 +483,12 @@ class Batcher:
         run.num_requests = num_requests
         for part in batch.parts:
             if part.live:
-                part.future.set_result((run.rows[np.searchsorted(targets, part.ids)], run))
+                rows = (
+                    run.rows
+                    if part.ids is targets
+                    else run.rows[np.searchsorted(targets, part.ids)]
+                )
+                part.future.set_result((rows, run))
 
     def _set_depth(self, depth: int) -> None:
         self._depth = depth
@@ -503,7 +509,3 @@ class Batcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _sorted_unique(ids: np.ndarray) -> bool:
-    return bool(ids.size < 2 or (ids[1:] > ids[:-1]).all())

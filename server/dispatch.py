@@ -1,6 +1,6 @@
 """How the front-end reaches its workers: worker clients and the least-loaded dispatcher.
 
-Two :class:`~hopserve.worker.job.WorkerClient` implementations with one interface:
+Two :class:`~hopserve.proto.contract.WorkerClient` implementations with one interface:
 
 * :class:`InProcessWorkerClient` runs :meth:`Worker.execute` on a thread pool of this
   process (the embedded worker; also what tests use).
@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,22 +31,25 @@ import grpc
 import grpc.aio
 from google.protobuf import empty_pb2
 
-from hopserve.proto.v1 import worker_pb2_grpc
-from hopserve.worker.codec import (
+from hopserve.proto.codec import (
     error_for_status,
-    info_from_proto,
     job_to_proto,
     result_from_proto,
+    status_from_proto,
 )
-from hopserve.worker.job import (
+from hopserve.proto.contract import (
+    DeadlineExceededError,
+    InvalidJobError,
     Job,
     JobError,
     JobResult,
+    WorkerBusyError,
     WorkerClient,
+    WorkerStatus,
     WorkerUnavailableError,
     time_left,
 )
-from hopserve.worker.runtime.errors import DeadlineExceededError, InvalidJobError, WorkerBusyError
+from hopserve.proto.v1 import worker_pb2_grpc
 
 __all__ = [
     "Dispatcher",
@@ -95,9 +98,9 @@ class InProcessWorkerClient:
         result.worker = self.name
         return result
 
-    async def status(self) -> dict[str, Any]:
-        """The worker's :meth:`Worker.info`."""
-        return self.worker.info()
+    async def status(self) -> WorkerStatus:
+        """The worker's :meth:`Worker.status`."""
+        return self.worker.status()
 
     async def close(self) -> None:
         """Stop accepting jobs and wait for the running ones (the worker stays open)."""
@@ -115,9 +118,6 @@ class RemoteWorkerClient:
         name: client name (default: ``address``).
         channel_options: extra gRPC channel options. By default the channel reconnects
             at most 0.5 s after a worker comes back (gRPC's default backoff grows to 120 s).
-        graph_versions: ``{model name: graph version}`` the front-end planned on; sent
-            with each job so a worker on another graph snapshot refuses it
-            (:class:`GraphVersionMismatchError`). Models not listed are not checked.
 
     The channel is created on first use, in the running event loop.
     """
@@ -130,10 +130,8 @@ class RemoteWorkerClient:
         status_timeout_s: float = 2.0,
         name: str | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
-        graph_versions: Mapping[str, str] | None = None,
     ) -> None:
         self.address = address
-        self.graph_versions = dict(graph_versions or {})
         self.name = name or address
         self.timeout_s = timeout_s
         self.status_timeout_s = status_timeout_s
@@ -173,7 +171,7 @@ class RemoteWorkerClient:
             raise DeadlineExceededError(f"job {job.job_id}: deadline passed before dispatch")
         timeout = self.timeout_s if left is None else left
         try:
-            request = job_to_proto(job, graph_version=self.graph_versions.get(job.model, ""))
+            request = job_to_proto(job)
         except ValueError as err:  # the in-process worker refuses the same jobs
             raise InvalidJobError(str(err)) from None
         self._inflight += 1
@@ -197,8 +195,8 @@ class RemoteWorkerClient:
             )
         return result
 
-    async def status(self) -> dict[str, Any]:
-        """The worker's ``WorkerStatus`` (the :meth:`Worker.info` fields the wire carries).
+    async def status(self) -> WorkerStatus:
+        """The worker's ``WorkerStatus``.
 
         Raises:
             WorkerUnavailableError: the worker cannot be reached within ``status_timeout_s``.
@@ -215,7 +213,7 @@ class RemoteWorkerClient:
             raise self._error(err, "status") from None
         except (grpc.aio.UsageError, OSError) as err:
             raise WorkerUnavailableError(f"worker {self.name}: {err}") from None
-        return info_from_proto(reply)
+        return status_from_proto(reply)
 
     def _error(self, err: grpc.aio.AioRpcError, what: str) -> Exception:
         details = err.details() or err.code().name
@@ -368,11 +366,10 @@ class Dispatcher:
         """Probe every down worker whose retry time has come (``status()`` call)."""
         now = time.monotonic()
         for slot in self._slots:
-            status = getattr(slot.client, "status", None)
-            if slot.up or slot.retry_at > now or status is None:
+            if slot.up or slot.retry_at > now:
                 continue
             try:
-                await status()
+                await slot.client.status()
             except WorkerUnavailableError as err:
                 self._mark_down(slot, str(err))
             except Exception as err:  # answered, just not happily: it is reachable

@@ -44,9 +44,8 @@ from collections.abc import Iterable
 import grpc
 
 from hopserve.logs import rate_limited
+from hopserve.proto import contract
 from hopserve.rpc import bound_message, quote
-from hopserve.worker.job import JobError, WorkerUnavailableError
-from hopserve.worker.runtime import errors as worker_errors
 
 __all__ = [
     "DeadlineExceededError",
@@ -160,14 +159,14 @@ def _status(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return exc.code, exc.message
     if isinstance(exc, UnknownNodeError):
         return grpc.StatusCode.INVALID_ARGUMENT, exc.message
-    if isinstance(exc, WorkerUnavailableError):
+    if isinstance(exc, contract.WorkerUnavailableError):
         logger.warning("%s: worker unavailable: %s", where, exc)
         return grpc.StatusCode.UNAVAILABLE, "no worker is available to compute the embeddings"
-    if isinstance(exc, worker_errors.DeadlineExceededError):
+    if isinstance(exc, contract.DeadlineExceededError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while computing"
-    if isinstance(exc, worker_errors.WorkerBusyError):
+    if isinstance(exc, contract.WorkerBusyError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, "all workers are busy; retry with backoff"
-    if isinstance(exc, worker_errors.ModelNotFoundError | worker_errors.GraphVersionMismatchError):
+    if isinstance(exc, contract.ModelNotFoundError | contract.GraphVersionMismatchError):
         logger.warning("%s: worker cannot serve the job: %s", where, exc)
         return grpc.StatusCode.UNAVAILABLE, "the model is not available on its worker; retry"
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
@@ -175,7 +174,7 @@ def _status(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, asyncio.CancelledError):
         return grpc.StatusCode.CANCELLED, "request cancelled"
     ref = uuid.uuid4().hex[:12]
-    if isinstance(exc, JobError):
+    if isinstance(exc, contract.JobError):
         logger.error("%s: worker job failed [ref %s]: %s", where, ref, exc)
         return grpc.StatusCode.INTERNAL, f"embedding computation failed (ref {ref})"
     logger.error(

@@ -34,6 +34,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from hopserve.proto import contract
+
 __all__ = [
     "METRICS",
     "STAGES",
@@ -44,16 +46,9 @@ __all__ = [
     "start_metrics_server",
 ]
 
-STAGES: tuple[str, ...] = (
-    "cache_lookup",
-    "queue_wait",
-    "planning",
-    "compute",
-    "transfer",
-    "write_back",
-    "prepare",
-)
-"""Allowed values of the ``stage`` label of ``hopserve_stage_duration_seconds``."""
+STAGES = contract.STAGES
+"""Allowed values of the ``stage`` label of ``hopserve_stage_duration_seconds`` (the
+contract's stage names, one list for the metrics, the wire and the client)."""
 
 MEMORY_KINDS: tuple[str, ...] = ("used", "total", "peak")
 """Allowed values of the ``kind`` label of ``hopserve_worker_device_memory_bytes``."""

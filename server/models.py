@@ -1,73 +1,49 @@
-"""The front-end's view of its served models: config + graph + what the worker reported.
+"""The front-end's view of its served models: config + graph topology + what a worker reported.
 
-A :class:`ServedModel` is created from its :class:`~hopserve.config.ModelConfig`
-with the model's graph store opened by the front-end (it maps external IDs and plans
-frontiers on it). It starts *loading*; once a worker has the model, :meth:`mark_ready`
-records the embedding width, the number of layers and the block schema (from the
-worker's ``LoadedModel`` in process, or its status report over gRPC). The
-:class:`ModelRegistry` resolves request names and versions to models and raises the
-errors the front-end answers with.
+A :class:`ServedModel` is created from its :class:`~hopserve.config.ModelConfig` with the
+topology of its graph store opened by the front-end (it maps external IDs and plans
+frontiers on it; features stay with the workers). It starts *loading*; once a worker
+reports the model (a :class:`~hopserve.proto.contract.ModelStatus`, the same from an
+in-process worker as over gRPC), :meth:`ServedModel.adopt` records its width, layers,
+mode and block schema. The :class:`ModelRegistry` resolves request names and versions
+and raises the errors the front-end answers with.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from hopserve.config import ModelConfig
+from hopserve.proto.contract import ModelStatus
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError, quote
+from hopserve.worker.graph.topology import GraphTopology
 
-__all__ = ["BlockSpec", "ModelRegistry", "ServedModel", "blocks_of"]
+__all__ = ["ModelRegistry", "ServedModel"]
 
 logger = logging.getLogger(__name__)
 
 ModelState = Literal["loading", "ready", "failed"]
 
 
-@dataclass(frozen=True)
-class BlockSpec:
-    """One layer (ConvBlock) as listed in ``ModelInfo.blocks``."""
-
-    layer: int  # 1-based
-    kind: str  # conv class name(s)
-    in_dim: int = 0  # 0 = unknown
-    out_dim: int = 0
-    description: str = ""
-
-    def to_proto(self) -> pb.BlockInfo:
-        """As a ``hopserve.v1.BlockInfo``."""
-        return pb.BlockInfo(
-            layer=self.layer,
-            kind=self.kind,
-            in_dim=self.in_dim,
-            out_dim=self.out_dim,
-            description=self.description,
-        )
-
-
-@dataclass(eq=False)
 class ServedModel:
-    """A configured model, its graph and its readiness.
+    """A configured model, its graph topology and its readiness.
 
     Args:
         config: The model's configuration.
-        graph: The model's :class:`~hopserve.worker.graph.GraphStore`.
+        topology: The structure and ID map of the model's graph store.
     """
 
-    config: ModelConfig
-    graph: Any
-    state: ModelState = "loading"
-    dim: int = 0
-    num_layers: int = 0
-    input_frontier: bool = True  # whether plans need V^0 (the model has a node-wise block 0)
-    blocks: tuple[BlockSpec, ...] = ()
-    description: str = ""
-    error: str = ""
+    def __init__(self, config: ModelConfig, topology: GraphTopology) -> None:
+        self.config = config
+        self.topology = topology
+        self.state: ModelState = "loading"
+        self.status: ModelStatus | None = None  # what the worker reported
+        self.error = ""
 
     @property
     def name(self) -> str:
@@ -81,28 +57,46 @@ class ServedModel:
 
     @property
     def graph_version(self) -> str:
-        """Version of the graph snapshot served."""
-        return str(self.graph.version)
+        """Version of the graph served."""
+        return self.topology.version
 
     @property
     def ready(self) -> bool:
         """Whether requests are accepted."""
         return self.state == "ready"
 
-    def mark_ready(
-        self,
-        *,
-        dim: int,
-        num_layers: int,
-        blocks: tuple[BlockSpec, ...] = (),
-        description: str = "",
-    ) -> None:
-        """Record what the worker loaded; requests are accepted from now on."""
-        if dim < 1 or num_layers < 1:
-            raise ValueError(f"model {self.name!r}: bad dim {dim} or num_layers {num_layers}")
-        self.dim, self.num_layers = int(dim), int(num_layers)
-        self.blocks, self.description = tuple(blocks), description
-        self.state, self.error = "ready", ""
+    @property
+    def dim(self) -> int:
+        """Embedding width (0 until ready)."""
+        return self.status.dim if self.status else 0
+
+    @property
+    def num_layers(self) -> int:
+        """Layers L (0 until ready)."""
+        return self.status.num_layers if self.status else 0
+
+    @property
+    def plans_frontiers(self) -> bool:
+        """Whether exact jobs carry planned frontiers (not for the node-wise fallback)."""
+        return self.status is not None and self.status.mode == "layerwise"
+
+    @property
+    def reads_input_frontier(self) -> bool:
+        """Whether plans annotate ``V^0`` (the model has node-wise ops before its first conv)."""
+        return self.status is None or self.status.reads_input_frontier
+
+    def adopt(self, status: ModelStatus) -> None:
+        """Mark ready from a worker's report, unless it serves another graph or is malformed."""
+        if status.graph_version != self.graph_version:
+            self.mark_failed(
+                f"the worker serves graph version {status.graph_version}, the front-end "
+                f"{self.graph_version}"
+            )
+            return
+        if status.dim < 1 or status.num_layers < 1:
+            self.mark_failed(f"bad dim {status.dim} or num_layers {status.num_layers}")
+            return
+        self.status, self.state, self.error = status, "ready", ""
 
     def mark_failed(self, reason: str) -> None:
         """The model could not be loaded (or its worker lost it); requests get UNAVAILABLE."""
@@ -117,87 +111,34 @@ class ServedModel:
 
     def to_storage(self, external_ids: np.ndarray) -> np.ndarray:
         """External node IDs -> int64 storage ids (raises ``UnknownNodeError``)."""
-        return self.graph.to_storage(external_ids).numpy()
+        return self.topology.to_storage(external_ids)
 
     def to_proto(self) -> pb.ModelInfo:
         """As a ``hopserve.v1.ModelInfo``."""
+        s = self.status
         return pb.ModelInfo(
             name=self.name,
             version=self.version,
             dim=self.dim,
             num_layers=self.num_layers,
-            graph_num_nodes=int(self.graph.num_nodes),
-            graph_num_edges=int(self.graph.num_edges),
+            graph_num_nodes=int(self.topology.num_nodes),
+            graph_num_edges=int(self.topology.num_edges),
             graph_version=self.graph_version,
             ready=self.ready,
-            blocks=[b.to_proto() for b in self.blocks],
-            description=self.description or (self.error and f"not available: {self.error}"),
+            blocks=[
+                pb.BlockInfo(
+                    layer=b.layer,
+                    kind=b.kind,
+                    in_dim=b.in_dim,
+                    out_dim=b.out_dim,
+                    description=b.description,
+                )
+                for b in (s.blocks if s else ())
+            ],
+            description=(s.description if s else "")
+            or (self.error and f"not available: {self.error}"),
             dtype=pb.DTYPE_FLOAT32,
         )
-
-    def adopt(self, info: dict[str, Any], evaluator: Any | None = None) -> None:
-        """Mark ready from a worker's model description (``LoadedModel.describe()`` or a
-        ``models`` entry of ``Worker.info()``), checking it serves the same graph.
-
-        Args:
-            info: ``dim``, ``num_layers`` and optionally ``graph_version``, ``mode``.
-            evaluator: The in-process ``LayerwiseEvaluator``, for the block schema.
-        """
-        worker_graph = info.get("graph_version")
-        if worker_graph and worker_graph != self.graph_version:
-            self.mark_failed(
-                f"the worker serves graph version {worker_graph}, the front-end "
-                f"{self.graph_version}"
-            )
-            return
-        blocks = blocks_of(evaluator) if evaluator is not None else ()
-        text = "" if evaluator is None else evaluator.describe()
-        mode = info.get("mode")
-        description = f"{self.config.entrypoint} ({mode})" if mode else self.config.entrypoint
-        self.input_frontier = bool(info.get("input_frontier", True))
-        self.mark_ready(
-            dim=int(info["dim"]),
-            num_layers=int(info["num_layers"]),
-            blocks=blocks,
-            description=f"{description}\n{text}".strip(),
-        )
-
-
-def blocks_of(evaluator: Any) -> tuple[BlockSpec, ...]:
-    """The conv blocks ``1..L`` of an in-process evaluator (best effort, never raises)."""
-    split = getattr(evaluator, "split", None)
-    if split is None:
-        return ()
-    try:
-        lines = split.describe().splitlines()
-        specs = []
-        for block, line in zip(split.blocks, lines, strict=False):
-            if block.index < 1:
-                continue
-            convs = [evaluator.model.get_submodule(name) for name in block.convs]
-            kind = "+".join(type(c).__name__ for c in convs) or "-"
-            in_dim = _channels(convs[0], "in_channels") if convs else 0
-            out_dim = _out_channels(convs[-1]) if convs else 0
-            specs.append(BlockSpec(block.index, kind, in_dim, out_dim, line))
-        return tuple(specs)
-    except Exception:  # the schema is informational only
-        logger.debug("cannot describe the blocks of %r", evaluator, exc_info=True)
-        return ()
-
-
-def _channels(conv: Any, attr: str) -> int:
-    value = getattr(conv, attr, 0)
-    if isinstance(value, tuple | list):
-        value = value[0]
-    return int(value) if isinstance(value, int) and value > 0 else 0
-
-
-def _out_channels(conv: Any) -> int:
-    out = _channels(conv, "out_channels")
-    heads = getattr(conv, "heads", 1)
-    if out and isinstance(heads, int) and heads > 1 and getattr(conv, "concat", False):
-        out *= heads
-    return out
 
 
 class ModelRegistry:
@@ -220,7 +161,7 @@ class ModelRegistry:
 
         Raises:
             ModelNotFoundError: unknown name, or a version other than the served one,
-                naming what was asked for and what is served.
+                naming what was asked for (cut to a bounded length) and what is served.
         """
         model = self._models.get(name)
         if model is None:
@@ -228,7 +169,7 @@ class ModelRegistry:
             raise ModelNotFoundError(f"model {quote(name)} not found (served: {served})")
         if version and version != model.version:
             raise ModelNotFoundError(
-                f"model {name!r} version {quote(version)} not found "
-                f"(served: version {model.version!r})"
+                f"model {quote(name)} version {quote(version)} not found (served: version "
+                f"{model.version!r})"
             )
         return model

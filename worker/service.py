@@ -1,9 +1,9 @@
 """The worker's gRPC service: ``hopserve.v1.WorkerService`` over a :class:`Worker`.
 
-``RunJob`` decodes the request (:mod:`~hopserve.worker.codec`), runs
+``RunJob`` decodes the request (:mod:`hopserve.proto.codec`), runs
 :meth:`Worker.execute` on the server's thread pool and encodes the result. Failures
 never escape as crashes: every exception becomes a status code in one place
-(:func:`~hopserve.worker.codec.status_for_error`): unknown model ``NOT_FOUND``, malformed
+(:func:`hopserve.proto.codec.status_for_error`): unknown model ``NOT_FOUND``, malformed
 job ``INVALID_ARGUMENT``, graph version mismatch ``FAILED_PRECONDITION``, deadline
 ``DEADLINE_EXCEEDED``, too many pending jobs ``RESOURCE_EXHAUSTED``, anything else
 ``INTERNAL`` (logged with its traceback when it is not a :class:`JobError`).
@@ -32,22 +32,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hopserve.logs import rate_limited
-from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
-from hopserve.rpc import add_service, bound_message, clip, quote
-from hopserve.worker.codec import (
-    info_to_proto,
+from hopserve.proto.codec import (
     job_from_proto,
     result_to_proto,
     status_for_error,
+    status_to_proto,
 )
-from hopserve.worker.job import JobError
+from hopserve.proto.contract import JobError, WorkerBusyError
+from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
+from hopserve.rpc import add_service, bound_message, clip
 from hopserve.worker.runtime.base import Worker
-from hopserve.worker.runtime.errors import (
-    GraphVersionMismatchError,
-    InvalidJobError,
-    ModelNotFoundError,
-    WorkerBusyError,
-)
 
 __all__ = ["SERVICE_NAME", "WorkerServer", "WorkerServicer", "serve_worker"]
 
@@ -101,42 +95,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.JobRequest, context: grpc.ServicerContext
     ) -> worker_pb2.JobResult:
         job = job_from_proto(request)
-        where = f"job {clip(job.job_id)}"
-        models = self.worker.models
-        entry = models.get((job.model, job.model_version))
-        if entry is None:  # Worker.model() would echo the names in full
-            loaded = ", ".join(f"{n}:{v}" for n, v in sorted(models)) or "none"
-            raise ModelNotFoundError(
-                f"{where}: model {quote(job.model)} version {quote(job.model_version)} is not "
-                f"loaded on worker {self.worker.worker_id} (loaded: {loaded})"
-            )
-        if request.graph_version and request.graph_version != entry.graph.version:
-            raise GraphVersionMismatchError(
-                f"{where}: planned on graph version {quote(request.graph_version)}; "
-                f"model {job.model!r} runs on {entry.graph.version!r}"
-            )
         remaining = context.time_remaining()
         if job.deadline is None and remaining is not None:  # the call's deadline
             job = dataclasses.replace(job, deadline=time.time() + remaining)
-        try:
-            result = self.worker.execute(job)
-        except JobError as err:
-            unverified = job.fanouts is None and not self.worker.verify_frontiers
-            if unverified and job.frontiers is not None and isinstance(err.__cause__, IndexError):
-                # The planning checks keep the evaluator's row lookups in bounds; should a
-                # frontier inconsistency slip past them, it is still the job's fault.
-                raise InvalidJobError(
-                    f"{where}: the frontiers are inconsistent (a layer reads rows its lower "
-                    "frontier does not hold); send frontiers V^(l-1) that contain V^l and its "
-                    "in-neighbours"
-                ) from err
-            raise
-        return result_to_proto(
-            result,
-            model_version=entry.version,
-            graph_version=entry.graph.version,
-            device=str(self.worker.device),
-        )
+        return result_to_proto(self.worker.execute(job))
 
     def _fail(
         self, context: grpc.ServicerContext, err: Exception, job_id: str
@@ -156,10 +118,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def WorkerStatus(  # noqa: N802 - gRPC method name
         self, request: empty_pb2.Empty, context: grpc.ServicerContext
     ) -> worker_pb2.WorkerInfo:
-        info = self.worker.info()
+        status = self.worker.status()
         with self._lock:
             pending = self._pending
-        msg = info_to_proto(info)
+        msg = status_to_proto(status)
         # Jobs accepted by the service but not yet running include those waiting for a
         # server thread, which the worker itself cannot see.
         msg.queued_jobs = max(msg.queued_jobs, pending - msg.inflight_jobs)

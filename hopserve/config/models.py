@@ -13,6 +13,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, mo
 
 from hopserve.config.errors import ConfigError
 from hopserve.config.types import Address, Device, Entrypoint, Identifier, SecretUrl
+from hopserve.worker.engine.settings import EngineSettings
 
 __all__ = [
     "CacheConfig",
@@ -247,19 +248,39 @@ class CacheConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """The layer-wise evaluator run by the workers (sizes accept ``"512MiB"``, ``"8GiB"``)."""
+    """The layer-wise evaluator run by the workers (sizes accept ``"512MiB"``, ``"8GiB"``).
 
-    memory_budget_bytes: Annotated[ByteSize, Field(ge=16 * _MiB)] = ByteSize(2 * _GiB)
-    """Device memory one batch of frontier nodes may use; sets the dynamic batch size."""
+    Defaults are the library's own (:class:`~hopserve.worker.engine.settings.EngineSettings`),
+    so a worker and a notebook evaluate alike; ``null`` means "the device's default".
+    """
 
-    host_memory_budget_bytes: Annotated[ByteSize, Field(ge=16 * _MiB)] = ByteSize(8 * _GiB)
-    """Host memory for intermediate layer outputs before they spill to ``spill_dir``."""
+    memory_budget_bytes: Annotated[ByteSize, Field(ge=16 * _MiB)] | None = None
+    """Bytes one batch may use. CPU: the accounted per-batch budget (default 256 MiB).
+    GPU: a cap on top of 90% of the free device memory (default: no cap)."""
+
+    host_memory_budget_bytes: Annotated[ByteSize, Field(ge=16 * _MiB)] | None = None
+    """Host memory for intermediate layer outputs before they spill to ``spill_dir``
+    (default: half of the available RAM when the model loads)."""
 
     spill_dir: Path | None = None
     """Directory for layer outputs that exceed the host budget; ``None`` = system temp dir."""
 
-    prefetch: bool = True
-    """Overlap gathering the next batch's inputs with the current batch's compute."""
+    prefetch: bool | None = None
+    """Overlap gathering the next batch's inputs with the current batch's compute
+    (default: on for CUDA, off on CPU where the thread competes with compute)."""
+
+    def settings(self) -> EngineSettings:
+        """As the evaluator's :class:`~hopserve.worker.engine.settings.EngineSettings`."""
+        return EngineSettings(
+            memory_budget_bytes=None
+            if self.memory_budget_bytes is None
+            else int(self.memory_budget_bytes),
+            host_memory_budget_bytes=None
+            if self.host_memory_budget_bytes is None
+            else int(self.host_memory_budget_bytes),
+            spill_dir=None if self.spill_dir is None else str(self.spill_dir),
+            prefetch=self.prefetch,
+        )
 
 
 class LoggingConfig(_Section):

@@ -48,7 +48,7 @@ class GetEmbeddingsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ...) -> None: ...
 
 class StageTiming(_message.Message):
-    __slots__ = ("cache_lookup", "queue_wait", "planning", "compute", "transfer", "write_back", "total", "layer_compute")
+    __slots__ = ("cache_lookup", "queue_wait", "planning", "compute", "transfer", "write_back", "total", "layer_compute", "prepare")
     CACHE_LOOKUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_WAIT_FIELD_NUMBER: _ClassVar[int]
     PLANNING_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class StageTiming(_message.Message):
     WRITE_BACK_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     LAYER_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     cache_lookup: float
     queue_wait: float
     planning: float
@@ -65,7 +66,8 @@ class StageTiming(_message.Message):
     write_back: float
     total: float
     layer_compute: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, cache_lookup: _Optional[float] = ..., queue_wait: _Optional[float] = ..., planning: _Optional[float] = ..., compute: _Optional[float] = ..., transfer: _Optional[float] = ..., write_back: _Optional[float] = ..., total: _Optional[float] = ..., layer_compute: _Optional[_Iterable[float]] = ...) -> None: ...
+    prepare: float
+    def __init__(self, cache_lookup: _Optional[float] = ..., queue_wait: _Optional[float] = ..., planning: _Optional[float] = ..., compute: _Optional[float] = ..., transfer: _Optional[float] = ..., write_back: _Optional[float] = ..., total: _Optional[float] = ..., layer_compute: _Optional[_Iterable[float]] = ..., prepare: _Optional[float] = ...) -> None: ...
 
 class GetEmbeddingsResponse(_message.Message):
     __slots__ = ("dim", "dtype", "embeddings", "num_nodes", "model", "model_version", "graph_version", "timing", "cache_hits")

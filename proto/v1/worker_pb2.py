@@ -26,7 +26,7 @@ from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from hopserve.proto.v1 import embedding_pb2 as hopserve_dot_proto_dot_v1_dot_embedding__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehopserve/proto/v1/worker.proto\x12\x0bhopserve.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a!hopserve/proto/v1/embedding.proto\"\xc7\x01\n\nJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x15\n\rgraph_version\x18\x04 \x01(\t\x12\x0f\n\x07targets\x18\x05 \x01(\x0c\x12\x11\n\tfrontiers\x18\x06 \x03(\x0c\x12\x13\n\x07\x66\x61nouts\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x42\x07\n\x05_seed\"\xf4\x01\n\x08JobStats\x12\x0f\n\x07prepare\x18\x01 \x01(\x01\x12\x10\n\x08transfer\x18\x02 \x01(\x01\x12\x0f\n\x07\x63ompute\x18\x03 \x01(\x01\x12\x11\n\twrite_out\x18\x04 \x01(\x01\x12\r\n\x05total\x18\x05 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x05\x12\x1a\n\x0e\x66rontier_sizes\x18\x07 \x03(\x03\x42\x02\x10\x01\x12\x19\n\rlayer_compute\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x14\n\x0coom_halvings\x18\t \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x10\n\x08planning\x18\x0b \x01(\x01\x12\x12\n\npeak_bytes\x18\x0c \x01(\x03\"\xc5\x01\n\tJobResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x12\n\nembeddings\x18\x04 \x01(\x0c\x12\x10\n\x08num_rows\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12$\n\x05stats\x18\x08 \x01(\x0b\x32\x15.hopserve.v1.JobStats\"\x95\x01\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x15\n\rgraph_version\x18\x05 \x01(\t\x12\x17\n\x0fgraph_num_nodes\x18\x06 \x01(\x03\x12\x16\n\x0einput_frontier\x18\x07 \x01(\x08\"\x83\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12(\n\x06models\x18\x03 \x03(\x0b\x32\x18.hopserve.v1.LoadedModel\x12\x15\n\rinflight_jobs\x18\x04 \x01(\x05\x12\x13\n\x0bqueued_jobs\x18\x05 \x01(\x05\x12 \n\x18\x64\x65vice_memory_used_bytes\x18\x06 \x01(\x03\x12!\n\x19\x64\x65vice_memory_total_bytes\x18\x07 \x01(\x03\x12\x15\n\rgraph_version\x18\x08 \x01(\t\x12 \n\x18\x64\x65vice_memory_peak_bytes\x18\t \x01(\x03\x32\x8b\x01\n\rWorkerService\x12\x39\n\x06RunJob\x12\x17.hopserve.v1.JobRequest\x1a\x16.hopserve.v1.JobResult\x12?\n\x0cWorkerStatus\x12\x16.google.protobuf.Empty\x1a\x17.hopserve.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehopserve/proto/v1/worker.proto\x12\x0bhopserve.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a!hopserve/proto/v1/embedding.proto\"\xc7\x01\n\nJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x15\n\rgraph_version\x18\x04 \x01(\t\x12\x0f\n\x07targets\x18\x05 \x01(\x0c\x12\x11\n\tfrontiers\x18\x06 \x03(\x0c\x12\x13\n\x07\x66\x61nouts\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x42\x07\n\x05_seed\"\xb0\x01\n\nLayerStats\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x03 \x01(\x05\x12\x13\n\x0binput_nodes\x18\x04 \x01(\x03\x12\r\n\x05\x65\x64ges\x18\x05 \x01(\x03\x12\x14\n\x0coom_halvings\x18\x06 \x01(\x05\x12\x11\n\tcompute_s\x18\x07 \x01(\x01\x12\x12\n\npeak_bytes\x18\x08 \x01(\x03\x12\x13\n\x0bgather_free\x18\t \x01(\x08\"\xb2\x02\n\x08JobStats\x12\x12\n\nplanning_s\x18\x01 \x01(\x01\x12\x11\n\tprepare_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x13\n\x0bwrite_out_s\x18\x05 \x01(\x01\x12\x0f\n\x07total_s\x18\x06 \x01(\x01\x12\x1a\n\x0e\x66rontier_sizes\x18\x07 \x03(\x03\x42\x02\x10\x01\x12\'\n\x06layers\x18\x08 \x03(\x0b\x32\x17.hopserve.v1.LayerStats\x12/\n\x05tiers\x18\t \x03(\x0b\x32 .hopserve.v1.JobStats.TiersEntry\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x1a,\n\nTiersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc5\x01\n\tJobResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x12\n\nembeddings\x18\x04 \x01(\x0c\x12\x10\n\x08num_rows\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12$\n\x05stats\x18\x08 \x01(\x0b\x32\x15.hopserve.v1.JobStats\"\xe6\x01\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x15\n\rgraph_version\x18\x05 \x01(\t\x12\x17\n\x0fgraph_num_nodes\x18\x06 \x01(\x03\x12\x1c\n\x14reads_input_frontier\x18\x07 \x01(\x08\x12\x0c\n\x04mode\x18\x08 \x01(\t\x12&\n\x06\x62locks\x18\t \x03(\x0b\x32\x16.hopserve.v1.BlockInfo\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\"\xec\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12(\n\x06models\x18\x03 \x03(\x0b\x32\x18.hopserve.v1.LoadedModel\x12\x15\n\rinflight_jobs\x18\x04 \x01(\x05\x12\x13\n\x0bqueued_jobs\x18\x05 \x01(\x05\x12 \n\x18\x64\x65vice_memory_used_bytes\x18\x06 \x01(\x03\x12!\n\x19\x64\x65vice_memory_total_bytes\x18\x07 \x01(\x03\x12 \n\x18\x64\x65vice_memory_peak_bytes\x18\x08 \x01(\x03\x32\x8b\x01\n\rWorkerService\x12\x39\n\x06RunJob\x12\x17.hopserve.v1.JobRequest\x1a\x16.hopserve.v1.JobResult\x12?\n\x0cWorkerStatus\x12\x16.google.protobuf.Empty\x1a\x17.hopserve.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,20 +35,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBREQUEST'].fields_by_name['fanouts']._loaded_options = None
   _globals['_JOBREQUEST'].fields_by_name['fanouts']._serialized_options = b'\020\001'
+  _globals['_JOBSTATS_TIERSENTRY']._loaded_options = None
+  _globals['_JOBSTATS_TIERSENTRY']._serialized_options = b'8\001'
   _globals['_JOBSTATS'].fields_by_name['frontier_sizes']._loaded_options = None
   _globals['_JOBSTATS'].fields_by_name['frontier_sizes']._serialized_options = b'\020\001'
-  _globals['_JOBSTATS'].fields_by_name['layer_compute']._loaded_options = None
-  _globals['_JOBSTATS'].fields_by_name['layer_compute']._serialized_options = b'\020\001'
   _globals['_JOBREQUEST']._serialized_start=112
   _globals['_JOBREQUEST']._serialized_end=311
-  _globals['_JOBSTATS']._serialized_start=314
-  _globals['_JOBSTATS']._serialized_end=558
-  _globals['_JOBRESULT']._serialized_start=561
-  _globals['_JOBRESULT']._serialized_end=758
-  _globals['_LOADEDMODEL']._serialized_start=761
-  _globals['_LOADEDMODEL']._serialized_end=910
-  _globals['_WORKERINFO']._serialized_start=913
-  _globals['_WORKERINFO']._serialized_end=1172
-  _globals['_WORKERSERVICE']._serialized_start=1175
-  _globals['_WORKERSERVICE']._serialized_end=1314
+  _globals['_LAYERSTATS']._serialized_start=314
+  _globals['_LAYERSTATS']._serialized_end=490
+  _globals['_JOBSTATS']._serialized_start=493
+  _globals['_JOBSTATS']._serialized_end=799
+  _globals['_JOBSTATS_TIERSENTRY']._serialized_start=755
+  _globals['_JOBSTATS_TIERSENTRY']._serialized_end=799
+  _globals['_JOBRESULT']._serialized_start=802
+  _globals['_JOBRESULT']._serialized_end=999
+  _globals['_LOADEDMODEL']._serialized_start=1002
+  _globals['_LOADEDMODEL']._serialized_end=1232
+  _globals['_WORKERINFO']._serialized_start=1235
+  _globals['_WORKERINFO']._serialized_end=1471
+  _globals['_WORKERSERVICE']._serialized_start=1474
+  _globals['_WORKERSERVICE']._serialized_end=1613
 # @@protoc_insertion_point(module_scope)

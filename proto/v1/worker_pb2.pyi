@@ -30,33 +30,58 @@ class JobRequest(_message.Message):
     deadline_unix_s: float
     def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
 
-class JobStats(_message.Message):
-    __slots__ = ("prepare", "transfer", "compute", "write_out", "total", "batches", "frontier_sizes", "layer_compute", "oom_halvings", "device", "planning", "peak_bytes")
-    PREPARE_FIELD_NUMBER: _ClassVar[int]
-    TRANSFER_FIELD_NUMBER: _ClassVar[int]
-    COMPUTE_FIELD_NUMBER: _ClassVar[int]
-    WRITE_OUT_FIELD_NUMBER: _ClassVar[int]
-    TOTAL_FIELD_NUMBER: _ClassVar[int]
+class LayerStats(_message.Message):
+    __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
-    FRONTIER_SIZES_FIELD_NUMBER: _ClassVar[int]
-    LAYER_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_NODES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
     OOM_HALVINGS_FIELD_NUMBER: _ClassVar[int]
-    DEVICE_FIELD_NUMBER: _ClassVar[int]
-    PLANNING_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    prepare: float
-    transfer: float
-    compute: float
-    write_out: float
-    total: float
+    GATHER_FREE_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    rows: int
     batches: int
-    frontier_sizes: _containers.RepeatedScalarFieldContainer[int]
-    layer_compute: _containers.RepeatedScalarFieldContainer[float]
+    input_nodes: int
+    edges: int
     oom_halvings: int
-    device: str
-    planning: float
+    compute_s: float
     peak_bytes: int
-    def __init__(self, prepare: _Optional[float] = ..., transfer: _Optional[float] = ..., compute: _Optional[float] = ..., write_out: _Optional[float] = ..., total: _Optional[float] = ..., batches: _Optional[int] = ..., frontier_sizes: _Optional[_Iterable[int]] = ..., layer_compute: _Optional[_Iterable[float]] = ..., oom_halvings: _Optional[int] = ..., device: _Optional[str] = ..., planning: _Optional[float] = ..., peak_bytes: _Optional[int] = ...) -> None: ...
+    gather_free: bool
+    def __init__(self, layer: _Optional[int] = ..., rows: _Optional[int] = ..., batches: _Optional[int] = ..., input_nodes: _Optional[int] = ..., edges: _Optional[int] = ..., oom_halvings: _Optional[int] = ..., compute_s: _Optional[float] = ..., peak_bytes: _Optional[int] = ..., gather_free: _Optional[bool] = ...) -> None: ...
+
+class JobStats(_message.Message):
+    __slots__ = ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s", "total_s", "frontier_sizes", "layers", "tiers", "device")
+    class TiersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PLANNING_S_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    WRITE_OUT_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    FRONTIER_SIZES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    planning_s: float
+    prepare_s: float
+    transfer_s: float
+    compute_s: float
+    write_out_s: float
+    total_s: float
+    frontier_sizes: _containers.RepeatedScalarFieldContainer[int]
+    layers: _containers.RepeatedCompositeFieldContainer[LayerStats]
+    tiers: _containers.ScalarMap[str, str]
+    device: str
+    def __init__(self, planning_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., write_out_s: _Optional[float] = ..., total_s: _Optional[float] = ..., frontier_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Iterable[_Union[LayerStats, _Mapping]]] = ..., tiers: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("job_id", "dim", "dtype", "embeddings", "num_rows", "model_version", "graph_version", "stats")
@@ -79,25 +104,31 @@ class JobResult(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[_embedding_pb2.DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "input_frontier")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NUM_NODES_FIELD_NUMBER: _ClassVar[int]
-    INPUT_FRONTIER_FIELD_NUMBER: _ClassVar[int]
+    READS_INPUT_FRONTIER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
     num_layers: int
     graph_version: str
     graph_num_nodes: int
-    input_frontier: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., input_frontier: _Optional[bool] = ...) -> None: ...
+    reads_input_frontier: bool
+    mode: str
+    blocks: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.BlockInfo]
+    description: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "device", "models", "inflight_jobs", "queued_jobs", "device_memory_used_bytes", "device_memory_total_bytes", "graph_version", "device_memory_peak_bytes")
+    __slots__ = ("worker_id", "device", "models", "inflight_jobs", "queued_jobs", "device_memory_used_bytes", "device_memory_total_bytes", "device_memory_peak_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -105,7 +136,6 @@ class WorkerInfo(_message.Message):
     QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
-    GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     device: str
@@ -114,6 +144,5 @@ class WorkerInfo(_message.Message):
     queued_jobs: int
     device_memory_used_bytes: int
     device_memory_total_bytes: int
-    graph_version: str
     device_memory_peak_bytes: int
-    def __init__(self, worker_id: _Optional[str] = ..., device: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., inflight_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., device_memory_used_bytes: _Optional[int] = ..., device_memory_total_bytes: _Optional[int] = ..., graph_version: _Optional[str] = ..., device_memory_peak_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., device: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., inflight_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., device_memory_used_bytes: _Optional[int] = ..., device_memory_total_bytes: _Optional[int] = ..., device_memory_peak_bytes: _Optional[int] = ...) -> None: ...

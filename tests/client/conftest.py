@@ -24,7 +24,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hopserve.client import AsyncEmbeddingClient, EmbeddingClient
-from hopserve.client.wire import encode_embeddings
+from hopserve.proto.tensors import encode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
 

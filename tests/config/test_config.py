@@ -19,6 +19,7 @@ from hopserve.config import (
     load_config,
     redact_url,
 )
+from hopserve.worker.engine.settings import EngineSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hopserve.yaml"
 
@@ -48,7 +49,8 @@ def test_example_loads() -> None:
     assert config.models[0].name == "cora-gcn"
     assert config.models[0].kwargs["hidden_channels"] == 64
     assert config.server.port == 50051
-    assert config.engine.memory_budget_bytes == 2 * 1024**3
+    assert config.engine.memory_budget_bytes is None  # the engine's default, shared
+    assert config.engine.settings() == EngineSettings()
 
 
 def test_example_documents_every_field() -> None:

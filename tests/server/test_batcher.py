@@ -12,6 +12,7 @@ import pytest
 from hopserve.server.batcher import Batcher, BatchKey, BatchRun
 from hopserve.server.errors import DeadlineExceededError, QueueFullError
 from hopserve.server.metrics import Metrics
+from hopserve.server.timing import StageTimes
 
 DIM = 3
 EXACT = BatchKey()
@@ -45,7 +46,7 @@ class FakeRunner:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
-        return BatchRun(rows=rows_of(targets), timing={"compute": 0.001})
+        return BatchRun(rows=rows_of(targets), timing=StageTimes(compute=0.001))
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

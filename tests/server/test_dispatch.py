@@ -11,9 +11,14 @@ import torch
 from support import assert_exact
 from support.servable import write_servable
 
+from hopserve.proto.contract import (
+    DeadlineExceededError,
+    Job,
+    ModelNotFoundError,
+    WorkerUnavailableError,
+)
 from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
-from hopserve.worker.job import Job, WorkerUnavailableError
-from hopserve.worker.runtime import DeadlineExceededError, ModelNotFoundError, make_worker
+from hopserve.worker.runtime import make_worker
 from hopserve.worker.service import serve_worker
 
 TARGETS = [3, 40, 41]

@@ -142,11 +142,11 @@ def test_cli_logging_setup_installs_the_filter() -> None:
 
 def test_server_loggers_are_rate_limited() -> None:
     import hopserve.rpc
+    import hopserve.server.edge
     import hopserve.server.errors
-    import hopserve.server.frontend
     import hopserve.worker.service
 
-    modules = (hopserve.server.errors, hopserve.server.frontend, hopserve.worker.service)
+    modules = (hopserve.server.errors, hopserve.server.edge, hopserve.worker.service)
     for module in (*modules, hopserve.rpc):
         logger = logging.getLogger(module.__name__)
         assert REPEATS in logger.filters, module.__name__

@@ -18,8 +18,8 @@ from torch_geometric.nn import SAGEConv
 
 from hopserve import GraphStore
 from hopserve.config import ModelConfig
-from hopserve.worker.engine.plan import plan_frontiers
-from hopserve.worker.job import Job
+from hopserve.proto.contract import Job
+from hopserve.worker.graph.planner import plan_frontiers
 
 ENTRYPOINT = "support.servable:TinySAGE"
 
@@ -118,6 +118,5 @@ def exact_job(
 ) -> Job:
     """An exact job carrying the frontiers the front-end's planner would send."""
     ids = np.asarray(targets, dtype=np.int64)
-    plan = plan_frontiers(store, torch.from_numpy(np.unique(ids)), num_layers)
-    frontiers = tuple(None if f.nodes is None else f.nodes.numpy() for f in plan.layers)
-    return Job(job_id, model, version, ids, frontiers=frontiers, **kw)
+    plan = plan_frontiers(store.topology, np.unique(ids), num_layers)
+    return Job(job_id, model, version, ids, frontiers=plan.frontiers, **kw)

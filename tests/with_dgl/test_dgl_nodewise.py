@@ -12,7 +12,7 @@ from support import assert_exact, random_edge_index  # noqa: E402
 from support.dgl_models import GCN, build, dgl_graph  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator  # noqa: E402
+from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator, make_evaluator  # noqa: E402
 from hopserve.worker.trace import ModelTraceError  # noqa: E402
 
 pytestmark = pytest.mark.dgl
@@ -71,7 +71,7 @@ def test_fallback_serves_refused_dgl_models(graph, model_cls):
     model = model_cls().eval()
     with pytest.raises(ModelTraceError):
         LayerwiseEvaluator(model, store)
-    ev = LayerwiseEvaluator(model, store, fallback="nodewise", hops=1)
+    ev = make_evaluator(model, store, fallback="nodewise", hops=1)
     assert ev.mode == "nodewise"
     with torch.no_grad():
         want = model(dgl_graph(edge_index, x.shape[0]), x)

@@ -27,7 +27,7 @@ from support.dgl_models import GCN, GraphSAGE, dgl_graph  # noqa: E402
 from support.servable import exact_job  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
+from hopserve import GraphStore, make_evaluator  # noqa: E402
 from hopserve.client import AsyncEmbeddingClient, EmbeddingClient  # noqa: E402
 from hopserve.config import HopserveConfig  # noqa: E402
 from hopserve.server.app import Service, build_server  # noqa: E402
@@ -148,7 +148,7 @@ def test_partial_targets_with_duplicates(served: Served, model: str) -> None:
             return await client.get_embeddings_with_info(model, ids, **kw)
 
     first = asyncio.run(ask(cache_policy="refresh"))  # computed, then written back
-    served.call(lambda: served.service.frontend.drain(10))
+    served.call(lambda: served.service.edge.drain(10))
     again = asyncio.run(ask())
     assert len(np.unique(ids)) < len(ids) and again.cache_hits == len(ids)
     assert_exact(torch.from_numpy(first.embeddings), want, f"{model} partial")
@@ -176,7 +176,8 @@ def test_worker_serves_dgl_graphconv(zero_ok: bool) -> None:
         entry = worker.add_model("gcn", "1", model, store)
         assert entry.dim == 7 and entry.evaluator.mode == "layerwise"
         targets = [0, N - 1, 17, 17, 200]
-        job = exact_job(store, store.to_storage(torch.tensor(targets)).numpy(), model="gcn")
+        storage = store.to_storage(torch.tensor(targets)).numpy()
+        job = exact_job(store, storage, num_layers=entry.num_layers, model="gcn")
         got = worker.execute(job).embeddings
     finally:
         worker.close()
@@ -200,9 +201,9 @@ def test_output_dim_of_a_nodewise_dgl_model() -> None:
     edge_index = random_edge_index(60, 300, seed=11)
     store = GraphStore.from_edge_index(edge_index, torch.randn(60, D_IN))
     torch.manual_seed(0)
-    ev = LayerwiseEvaluator(Propagate().eval(), store, fallback="nodewise", hops=2)
+    ev = make_evaluator(Propagate().eval(), store, fallback="nodewise", hops=2)
     try:
-        assert ev.split is None and ev.mode == "nodewise"
+        assert getattr(ev, "split", None) is None and ev.mode == "nodewise"
         assert _output_dim(ev) == 3
     finally:
         ev.close()

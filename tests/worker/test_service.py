@@ -1,4 +1,4 @@
-"""The worker wire: codec round trips, and WorkerService over a real loopback server."""
+"""WorkerService over a real loopback server (the codec is tested in tests/proto)."""
 
 from __future__ import annotations
 
@@ -17,194 +17,22 @@ import pytest
 import torch
 from google.protobuf import empty_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from support import assert_exact
 from support.servable import exact_job, write_servable
 
-from hopserve.proto.v1 import embedding_pb2, worker_pb2, worker_pb2_grpc
-from hopserve.server.dispatch import RemoteWorkerClient
-from hopserve.worker.codec import (
-    error_for_status,
-    info_from_proto,
-    info_to_proto,
-    job_from_proto,
-    job_to_proto,
-    result_from_proto,
-    result_to_proto,
-    status_for_error,
-)
-from hopserve.worker.job import Job, JobError, JobResult, JobStats, WorkerUnavailableError
-from hopserve.worker.runtime import (
+from hopserve.proto.codec import job_to_proto
+from hopserve.proto.contract import (
     DeadlineExceededError,
     GraphVersionMismatchError,
     InvalidJobError,
+    Job,
     ModelNotFoundError,
     WorkerBusyError,
-    make_worker,
 )
+from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
+from hopserve.server.dispatch import RemoteWorkerClient
+from hopserve.worker.runtime import make_worker
 from hopserve.worker.service import SERVICE_NAME, serve_worker
-
-# ---------------------------------------------------------------------------- codec
-
-ids = st.lists(st.integers(0, 2**40), min_size=1, max_size=30, unique=True).map(
-    lambda v: np.array(sorted(v), dtype=np.int64)
-)
-frontier_entry = st.one_of(st.none(), ids)
-jobs = st.builds(
-    Job,
-    job_id=st.text(max_size=10),
-    model=st.sampled_from(["sage", "gat"]),
-    model_version=st.sampled_from(["1", "v2"]),
-    targets=ids,
-    frontiers=st.one_of(st.none(), st.lists(frontier_entry, min_size=1, max_size=5).map(tuple)),
-    fanouts=st.one_of(st.none(), st.lists(st.integers(-1, 50), min_size=1, max_size=4).map(tuple)),
-    seed=st.integers(0, 2**64 - 1),
-    deadline=st.one_of(st.none(), st.floats(1.0, 4e9)),
-)
-
-
-def _same_array(a, b) -> bool:
-    return (a is None and b is None) or (
-        a is not None and b is not None and a.dtype == np.int64 and np.array_equal(a, b)
-    )
-
-
-@settings(max_examples=150, deadline=None)
-@given(jobs)
-def test_job_round_trip(job):
-    wire = worker_pb2.JobRequest.FromString(job_to_proto(job).SerializeToString())
-    back = job_from_proto(wire)
-    assert (back.job_id, back.model, back.model_version) == (
-        job.job_id,
-        job.model,
-        job.model_version,
-    )
-    assert _same_array(back.targets, job.targets)
-    if job.frontiers is None:
-        assert back.frontiers is None
-    else:
-        assert len(back.frontiers) == len(job.frontiers)
-        assert all(_same_array(a, b) for a, b in zip(back.frontiers, job.frontiers, strict=True))
-    assert (back.fanouts, back.seed, back.deadline) == (job.fanouts, job.seed, job.deadline)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    rows=st.integers(0, 20),
-    dim=st.integers(1, 9),
-    sizes=st.lists(st.integers(0, 10**9), max_size=5),
-    times=st.lists(st.floats(0, 100), min_size=6, max_size=6),
-)
-def test_result_round_trip(rows, dim, sizes, times):
-    emb = np.random.default_rng(rows * 31 + dim).standard_normal((rows, dim)).astype(np.float32)
-    stats = JobStats(*times, batches=7, frontier_sizes=sizes, layer_compute_s=[0.5] * len(sizes))
-    msg = result_to_proto(JobResult("r1", emb, stats), graph_version="g", device="cpu")
-    back = result_from_proto(worker_pb2.JobResult.FromString(msg.SerializeToString()), worker="w")
-    np.testing.assert_array_equal(back.embeddings, emb)
-    assert back.embeddings.shape == (rows, dim) and back.worker == "w"
-    s = back.stats
-    assert (s.prepare_s, s.planning_s) == (stats.prepare_s, stats.planning_s)
-    assert (s.peak_bytes, s.oom_retries) == (stats.peak_bytes, stats.oom_retries)
-    assert (s.compute_s, s.total_s, s.batches) == (stats.compute_s, stats.total_s, 7)
-    assert s.frontier_sizes == sizes and s.layer_compute_s == stats.layer_compute_s
-    assert (msg.graph_version, msg.stats.device) == ("g", "cpu")
-
-
-def test_none_frontier_is_an_empty_entry():
-    job = Job("n", "m", "1", np.array([2]), frontiers=(None, np.array([1, 2]), np.array([2])))
-    msg = job_to_proto(job)
-    assert list(msg.frontiers)[0] == b"" and len(msg.frontiers) == 3
-    assert len(job_to_proto(Job("n", "m", "1", np.array([2]))).frontiers) == 0
-
-
-@pytest.mark.parametrize(
-    ("job", "match"),
-    [
-        (Job("e", "m", "1", np.array([1]), frontiers=(np.array([], np.int64),)), "empty"),
-        (Job("e", "m", "1", np.array([1]), frontiers=()), "empty tuple"),
-        (Job("e", "m", "1", np.array([1]), fanouts=()), "empty tuple"),
-        (Job("e", "m", "1", np.array([1]), fanouts=(2**31,)), "int32"),
-        (Job("e", "m", "1", np.array([1]), seed=-1), "seed"),
-        (Job("e", "m", "1", np.array([1]), deadline=float("nan")), "deadline"),
-        (Job("e", "m", "1", np.array([], np.int64)), "targets is empty"),
-        (Job("e", "m", "1", np.array([1.5])), "integers"),
-    ],
-)
-def test_unencodable_jobs(job, match):
-    with pytest.raises(ValueError, match=match):
-        job_to_proto(job)
-
-
-def test_malformed_messages_are_refused():
-    with pytest.raises(InvalidJobError, match="multiple of 8"):
-        job_from_proto(worker_pb2.JobRequest(job_id="x", targets=b"\x00" * 7))
-    with pytest.raises(InvalidJobError, match="empty"):
-        job_from_proto(worker_pb2.JobRequest(job_id="x"))
-    good = result_to_proto(JobResult("r", np.zeros((2, 3), np.float32), JobStats()))
-    short = worker_pb2.JobResult()
-    short.CopyFrom(good)
-    short.embeddings = good.embeddings[:-4]
-    with pytest.raises(ValueError, match="expected 24"):
-        result_from_proto(short)
-    short.CopyFrom(good)
-    short.dtype = embedding_pb2.DTYPE_UNSPECIFIED
-    with pytest.raises(ValueError, match="DTYPE_UNSPECIFIED"):
-        result_from_proto(short)
-
-
-def test_status_codes_map_both_ways():
-    for err in (
-        ModelNotFoundError("m"),
-        InvalidJobError("i"),
-        DeadlineExceededError("d"),
-        GraphVersionMismatchError("g"),
-        WorkerBusyError("b"),
-    ):
-        back = error_for_status(status_for_error(err), "x")
-        assert type(back) is type(err)
-    assert status_for_error(JobError("j")) == grpc.StatusCode.INTERNAL
-    assert status_for_error(KeyError("k")) == grpc.StatusCode.INTERNAL
-    assert type(error_for_status(grpc.StatusCode.INTERNAL, "x")) is JobError
-    assert isinstance(error_for_status(grpc.StatusCode.UNAVAILABLE, "x"), WorkerUnavailableError)
-
-
-def test_info_round_trip():
-    info = {
-        "worker_id": "w",
-        "device": "cuda:1",
-        "models": [
-            {"name": "a", "version": "1", "dim": 4, "num_layers": 2, "graph_version": "g2"},
-            {"name": "b", "version": "3", "dim": 8, "num_layers": 3, "graph_version": "g1"},
-        ],
-        "inflight_jobs": 2,
-        "queued_jobs": 1,
-        "device_memory_used_bytes": 10,
-        "device_memory_total_bytes": 100,
-    }
-    back = info_from_proto(
-        worker_pb2.WorkerInfo.FromString(info_to_proto(info).SerializeToString())
-    )
-    assert back["graph_versions"] == ["g1", "g2"]
-    assert back["models"][1] == {
-        "name": "b",
-        "version": "3",
-        "dim": 8,
-        "num_layers": 3,
-        "graph_version": "g1",  # per model now, even with several graphs
-        "num_nodes": 0,
-        "input_frontier": True,  # the safe default when a worker does not say
-    }
-    info["models"][1]["graph_version"] = "g2"  # one graph: each model reports it
-    back = info_from_proto(info_to_proto(info))
-    assert [m["graph_version"] for m in back["models"]] == ["g2", "g2"]
-    assert {k: back[k] for k in ("worker_id", "device", "inflight_jobs", "queued_jobs")} == {
-        "worker_id": "w",
-        "device": "cuda:1",
-        "inflight_jobs": 2,
-        "queued_jobs": 1,
-    }
-
 
 # ---------------------------------------------------------------------------- service
 
@@ -264,9 +92,9 @@ def test_graph_version_mismatch_and_malformed_bytes(served):
     servable, _, address = served
 
     async def with_versions(version: str):
-        client = RemoteWorkerClient(address, graph_versions={"tiny": version})
+        client = RemoteWorkerClient(address)
         try:
-            return await client.run(Job("g", "tiny", "1", np.array([1])))
+            return await client.run(Job("g", "tiny", "1", np.array([1]), graph_version=version))
         finally:
             await client.close()
 
@@ -275,7 +103,7 @@ def test_graph_version_mismatch_and_malformed_bytes(served):
         asyncio.run(with_versions("stale"))
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        msg = job_to_proto(Job("g", "tiny", "1", np.array([1])), graph_version="other")
+        msg = job_to_proto(Job("g", "tiny", "1", np.array([1]), graph_version="other"))
         with pytest.raises(grpc.RpcError) as info:
             stub.RunJob(msg, timeout=10)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -297,20 +125,16 @@ def test_worker_status_and_health(served):
             await client.close()
 
     info = asyncio.run(status())
-    assert info["worker_id"] == "svc-worker" and info["device"] == "cpu"
-    assert info["models"] == [
-        {
-            "name": "tiny",
-            "version": "1",
-            "dim": 4,
-            "num_layers": 2,
-            "graph_version": servable.store.version,
-            "num_nodes": servable.store.num_nodes,
-            "input_frontier": False,
-        }
-    ]
-    assert info["graph_versions"] == [servable.store.version]
-    assert info["device_memory_total_bytes"] > info["device_memory_used_bytes"] > 0
+    assert info.worker_id == "svc-worker" and info.device == "cpu"
+    (model,) = info.models
+    assert (model.name, model.version, model.dim, model.num_layers) == ("tiny", "1", 4, 2)
+    assert (model.graph_version, model.graph_num_nodes) == (
+        servable.store.version,
+        servable.store.num_nodes,
+    )
+    assert (model.mode, model.reads_input_frontier) == ("layerwise", False)
+    assert [b.kind for b in model.blocks] == ["SAGEConv", "SAGEConv"]
+    assert info.memory.total > info.memory.used > 0
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", SERVICE_NAME):

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from support import assert_exact
 from support.servable import Servable, exact_job, write_servable
 
+from hopserve.proto.codec import job_from_proto, job_to_proto
+from hopserve.proto.contract import InvalidJobError, Job, JobError
 from hopserve.proto.v1 import worker_pb2
-from hopserve.worker.codec import job_from_proto, job_to_proto
-from hopserve.worker.job import Job, JobError
-from hopserve.worker.runtime import InvalidJobError, make_worker
+from hopserve.worker.runtime import make_worker
 from hopserve.worker.runtime.base import Worker
 from hopserve.worker.service import SERVICE_NAME, serve_worker
 
@@ -74,6 +74,9 @@ def _job(job: Job, **fields: object) -> bytes:
     for name, value in fields.items():
         if value is None:
             msg.ClearField(name)
+        elif name == "fanouts":  # what a hostile client sends, past the encoder's checks
+            msg.ClearField("fanouts")
+            msg.fanouts.extend(value)
         else:
             setattr(msg, name, value)
     return msg.SerializeToString()
@@ -129,7 +132,7 @@ def test_client_values_in_worker_errors_are_bounded(served) -> None:
 )
 def test_bad_fanouts_and_missing_seed_are_invalid(served, fanouts, seed, match) -> None:
     _, _, address = served
-    data = _job(Job("f", "tiny", "1", np.array([1, 2]), fanouts=fanouts, seed=1), seed=seed)
+    data = _job(Job("f", "tiny", "1", np.array([1, 2]), seed=1), fanouts=fanouts, seed=seed)
     err = _run_raw(address, data)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
     assert re.search(match, err.details()), err.details()
@@ -153,7 +156,7 @@ def test_all_neighbour_fanouts_need_no_seed(served) -> None:
         reply = worker_pb2.JobResult.FromString(call(msg.SerializeToString(), timeout=20))
     rows = np.frombuffer(reply.embeddings, "<f4").reshape(2, 4)
     assert_exact(torch.from_numpy(rows.copy()), servable.reference[[4, 9]], "fanouts -1")
-    assert job.fanouts == (-1, -1)
+    assert job.fanouts is None  # all neighbours at every layer is exact evaluation
 
 
 # ----------------------------------------------------------------------------- frontiers
@@ -172,8 +175,8 @@ def test_frontiers_missing_in_neighbours_are_invalid(served) -> None:
     bad = [
         (top, top, top),  # V^1 lacks V^2's in-neighbours
         (None, top, top),
-        (top, top),  # the L-entry form V^1 .. V^2
         (None, _neighbours(store, top)[:-1], top),  # V^1 lacks the largest in-neighbour
+        (None, np.delete(_neighbours(store, top), 1), top),  # ... or the smallest (0 is V^2)
     ]
     for frontiers in bad:
         job = Job("nb", "tiny", "1", top, frontiers=frontiers)
@@ -182,6 +185,8 @@ def test_frontiers_missing_in_neighbours_are_invalid(served) -> None:
         err = _run_raw(address, job_to_proto(job).SerializeToString())
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (frontiers, err)
         assert "V^2" in err.details() and "V^1" in err.details()
+    with pytest.raises(InvalidJobError, match=r"expected 3: V\^0 … V\^2"):
+        worker.execute(Job("nb", "tiny", "1", top, frontiers=(top, top)))  # one per layer
     good = exact_job(store, top)  # what the planner sends still works
     assert_exact(torch.from_numpy(worker.execute(good).embeddings), servable.reference[[0]])
 

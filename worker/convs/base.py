@@ -32,7 +32,7 @@ class Sampling:
     """Which sampled graph a block's edges come from: :math:`G_l` of ``layer``.
 
     :math:`G_l` is the graph in which every node keeps its ``<= fanout`` sampled in-edges
-    at ``layer`` under ``seed`` (:func:`hopserve.worker.engine.plan.sample_in_edges`). A
+    at ``layer`` under ``seed`` (:func:`hopserve.worker.graph.planner.sample_in_edges`). A
     block's destinations hold exactly their :math:`G_l` in-edges; adapters whose conv
     reads degree statistics must take them from :math:`G_l`, not from the whole graph
     (which is :math:`G_l` only when ``fanout`` is at least the maximum in-degree).

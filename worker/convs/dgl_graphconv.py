@@ -26,7 +26,7 @@ in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampl
 in-edges at layer :math:`l`, and the model's forward on :math:`G_l` normalizes by
 :math:`G_l`'s degrees. :math:`d^{in}_v` is then the block's (sampled) count as above;
 :math:`d^{out}_u` counts the sampled in-edges of *all* nodes that come from ``u``
-(:func:`~hopserve.worker.engine.plan.sampled_out_degrees`: only nodes with more than
+(:func:`~hopserve.worker.graph.planner.sampled_out_degrees`: only nodes with more than
 ``f`` in-edges are sampled, so O(N) plus their in-edges, O(E log E) at worst), computed
 once per ``(layer, fanout, seed)`` and kept for a few of them (float32 ``[N]`` each). The
 whole graph's :math:`d^{out}` would scale a source with many sampled-away out-edges too
@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from hopserve.worker.convs.base import Block, Sampling
 from hopserve.worker.convs.dgl_conv import DGLConvAdapter, aggregate_first, dgl_block
-from hopserve.worker.engine.plan import sampled_out_degrees
+from hopserve.worker.graph.planner import sampled_out_degrees
 
 # Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
 SAMPLED_CACHE_SIZE = 4
@@ -105,11 +105,11 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             if norm is not None:
                 self._sampled_norm.move_to_end(s)
                 return norm
-        g = self._graph
+        topo = self._graph.topology
         out = sampled_out_degrees(
-            g.indptr, g.indices, g.num_nodes, s.fanout, s.layer, s.seed, g.out_degrees
+            topo.indptr, topo.indices, topo.num_nodes, s.fanout, s.layer, s.seed, topo.out_degrees
         )
-        norm = self._out_norm(out)
+        norm = self._out_norm(torch.from_numpy(out))
         with self._sample_lock:
             self._sampled_norm[s] = norm
             while len(self._sampled_norm) > SAMPLED_CACHE_SIZE:

@@ -24,7 +24,7 @@ is a self-loop, else the fill value (the exact path's rule, applied to :math:`G_
 holds for every source ``u`` of the block, including nodes that are not destinations of
 the request: their :math:`G_l` in-degree is :math:`\\min(d_u, f)` and only nodes with a
 self-loop and more than ``f`` in-edges need their own sample (hashing their in-edges,
-:func:`~hopserve.worker.engine.plan.sampled_in_degrees`), memoized per
+:func:`~hopserve.worker.graph.planner.sampled_in_degrees`), memoized per
 ``(layer, fanout, seed)`` in an int32 ``[N]`` table (a few kept, only for graphs with
 self-loops). Without ``add_self_loops``, :math:`\\hat d_u = \\min(d_u, f)`. Whole-graph
 weights would shrink a sampled hub's row by about :math:`\\sqrt{f / d}`.
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import Block, ConvAdapter, Sampling
-from hopserve.worker.engine.plan import sampled_in_degrees
+from hopserve.worker.graph.planner import sampled_in_degrees
 
 # Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
 SAMPLED_CACHE_SIZE = 4
@@ -70,8 +70,7 @@ class GCNAdapter(ConvAdapter):
         self._edge_weight: Tensor | None = None  # [E] per CSC edge (0 for dropped loops)
         self._loop_weight: Tensor | None = None  # [N] added self-loop weight (or None)
         self._fill = 1.0
-        self._indptr: Tensor | None = None
-        self._indices: Tensor | None = None
+        self._topology = None  # the graph's GraphTopology (sampled blocks read its CSC)
         self._max_in_degree = 0
         self._graph_loops: Tensor | None = None  # [N] self-loops per node (None: no loops)
         self._sampled_loops: OrderedDict[Sampling, Tensor] = OrderedDict()
@@ -86,7 +85,7 @@ class GCNAdapter(ConvAdapter):
         n = graph.num_nodes
         dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
         # For sampled blocks: the graph's CSC, maximum in-degree and self-loop counts.
-        self._indptr, self._indices = indptr, graph.indices
+        self._topology = graph.topology
         self._max_in_degree = int((indptr[1:] - indptr[:-1]).max()) if n else 0
         self._graph_loops = None
         with self._sample_lock:
@@ -135,7 +134,8 @@ class GCNAdapter(ConvAdapter):
 
     def _source_stats(self, sampling: Sampling, nodes: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`G_l` in-degree and self-loop count of storage ``nodes`` (CPU int64)."""
-        deg = self._indptr[nodes + 1] - self._indptr[nodes]
+        indptr = torch.from_numpy(self._topology.indptr)
+        deg = indptr[nodes + 1] - indptr[nodes]
         kept = deg.clamp(max=sampling.fanout)
         if self._graph_loops is None:  # no self-loop anywhere (or none counted)
             return kept, torch.zeros_like(kept)
@@ -151,15 +151,16 @@ class GCNAdapter(ConvAdapter):
             loops = table[nodes].long()
             miss = loops < 0
             if bool(miss.any()):
-                _, found = sampled_in_degrees(
-                    self._indptr,
-                    self._indices,
-                    nodes[miss],
+                _, counted = sampled_in_degrees(
+                    self._topology.indptr,
+                    self._topology.indices,
+                    nodes[miss].numpy(),
                     sampling.fanout,
                     sampling.layer,
                     sampling.seed,
-                    self._graph_loops,
+                    self._graph_loops.numpy(),
                 )
+                found = torch.from_numpy(counted)
                 table[nodes[miss]] = found.int()
                 loops[miss] = found
         return kept, loops

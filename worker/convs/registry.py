@@ -35,7 +35,7 @@ Status = Literal["exact", "adapted", "refused"]
 
 NODEWISE_ADVICE = (
     "Serve it with the exact (slower) node-wise fallback: set `fallback: nodewise` in the "
-    "model's config (LayerwiseEvaluator(..., fallback='nodewise') in Python)"
+    "model's config (hopserve.make_evaluator(..., fallback='nodewise') in Python)"
 )
 """What every refusal recommends; usable from the YAML config and from Python."""
 AdapterFactory = Callable[[nn.Module], ConvAdapter]

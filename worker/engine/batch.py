@@ -1,17 +1,37 @@
-"""Build one batch: destination rows → a local :class:`Block` and its gathered inputs.
+"""One batch of one layer: destination rows → a local :class:`Block` and its inputs.
 
 Source rows are destination-first; the remaining in-neighbours follow in ascending storage
-id (``torch.unique``). For a contiguous run of destinations (full evaluation over RCMK
-order) the in-edges are one slice of the CSC and destination membership is a range test.
+id. For a contiguous run of destinations (full evaluation over RCMK order) the in-edges
+are one slice of the CSC and destination membership is a range test. :func:`prepare`
+gathers the block's input rows (or hands whole node tables over, gather-free) and, on
+CUDA, issues their copies on a side stream.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import Block, Sampling
-from hopserve.worker.engine.plan import LayerFrontier, segment_positions
+from hopserve.worker.graph.planner import LayerFrontier, segment_positions
+from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
+from hopserve.worker.trace.splitter import SRC
+
+__all__ = ["FrontierError", "PreparedBatch", "build_block", "prepare", "row_positions"]
+
+# Bytes a block's local index tensors take per in-edge (indptr share, source index, edge id).
+INDEX_BYTES_PER_EDGE = 24
+
+
+class FrontierError(ValueError):
+    """A frontier lacks a row a layer reads (the job's frontiers are inconsistent)."""
+
+
+def _tensor(a: np.ndarray) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
 
 
 def build_block(
@@ -24,7 +44,7 @@ def build_block(
     marks the block with its :class:`~hopserve.worker.convs.base.Sampling` (layer, fanout,
     seed), so adapters can take degree statistics from the sampled graph.
     """
-    dst = torch.arange(start, end) if frontier.nodes is None else frontier.nodes[start:end]
+    dst = torch.arange(start, end) if frontier.nodes is None else _tensor(frontier.nodes[start:end])
     num_dst = int(dst.numel())
     if layer == 0:
         empty = torch.empty(0, dtype=torch.long)
@@ -36,19 +56,20 @@ def build_block(
             sampling = Sampling(layer, frontier.fanout, int(frontier.seed or 0))
         ptr = frontier.indptr
         a, b = int(ptr[start]), int(ptr[end])
-        src = frontier.indices[a:b]
-        edge_ids = frontier.edge_ids[a:b]
-        indptr = ptr[start : end + 1] - a
+        src = _tensor(frontier.indices[a:b])
+        edge_ids = _tensor(frontier.edge_ids[a:b])
+        indptr = _tensor(ptr[start : end + 1] - a)
     elif frontier.nodes is None:
         a, b = int(graph.indptr[start]), int(graph.indptr[end])
         src = graph.indices[a:b].long()
         edge_ids = torch.arange(a, b)
         indptr = graph.indptr[start : end + 1] - a
     else:
-        edge_ids, counts = segment_positions(graph.indptr, dst)
+        positions, counts = segment_positions(graph.topology.indptr, frontier.nodes[start:end])
+        edge_ids = torch.from_numpy(positions)
         src = graph.indices[edge_ids].long()
         indptr = torch.zeros(num_dst + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=indptr[1:])
+        torch.cumsum(torch.from_numpy(counts), 0, out=indptr[1:])
 
     if global_src:
         return Block(
@@ -95,6 +116,97 @@ def _unique_inverse(ids: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     return uniq, local[ids]
 
 
-def row_positions(rows: Tensor | None, ids: Tensor) -> Tensor:
-    """Positions of storage ``ids`` within a stored layer whose rows are ``rows``."""
-    return ids if rows is None else torch.searchsorted(rows, ids)
+def row_positions(rows: Tensor | None, ids: Tensor, what: str = "a stored layer") -> Tensor:
+    """Positions of storage ``ids`` within ``rows`` (ascending; ``None`` = all nodes).
+
+    Checked: an id missing from ``rows`` raises :class:`FrontierError` naming it, so an
+    inconsistent plan can never read another node's row (O(len(ids))).
+    """
+    if rows is None:
+        return ids
+    pos = torch.searchsorted(rows, ids)
+    if rows.numel() == 0:
+        hit = torch.zeros_like(ids, dtype=torch.bool)
+    else:
+        hit = rows[pos.clamp(max=rows.numel() - 1)] == ids
+    if not bool(hit.all()):
+        missing = ids[~hit][:5].tolist()
+        raise FrontierError(f"{what} has no row for storage ids {missing}")
+    return pos
+
+
+@dataclass
+class PreparedBatch:
+    """A block and its inputs, ready to compute (on the device when CUDA)."""
+
+    start: int
+    end: int
+    block: Block
+    inputs: list[Tensor]
+    bytes_in: int  # accounted bytes known before compute
+    event: object = None  # CUDA event marking the end of the host-to-device copy
+
+
+def prepare(
+    graph,
+    split: ModelSplit,
+    block: ConvBlock,
+    frontier: LayerFrontier,
+    start: int,
+    end: int,
+    stored: dict[str, tuple[Tensor, Tensor | None]],
+    *,
+    gather_free: bool,
+    device: torch.device,
+    copy_stream: torch.cuda.Stream | None,
+) -> PreparedBatch:
+    """Build the block of rows ``start:end`` and gather its inputs.
+
+    ``stored`` maps a value name to (tensor, its rows: ascending storage ids or ``None``
+    for all nodes). Gather-free source inputs are the whole tables (no copy, no account).
+    On CUDA the block and inputs are copied on ``copy_stream`` and ``event`` marks the end.
+    """
+    blk = build_block(graph, frontier, start, end, block.index, global_src=gather_free)
+    inputs, nbytes = [], 0
+    for spec in block.inputs:
+        if gather_free and spec.rows == SRC:  # the whole node table, no copy
+            table = graph.features if spec.producer == FEATURES else stored[spec.name][0]
+            inputs.append(table)
+            continue
+        ids = blk.src_nodes if spec.rows == SRC else blk.dst_nodes
+        if spec.producer == FEATURES:
+            t = graph.features.index_select(0, ids)
+            if t.dtype == torch.float16:
+                t = t.float()
+        else:
+            tensor, rows = stored[spec.name]
+            where = (
+                f"frontier V^{spec.producer}, which must hold the in-neighbours of V^{block.index},"
+                if spec.rows == SRC
+                else f"frontier V^{spec.producer}"
+            )
+            pos = row_positions(rows, ids, where)
+            t = tensor.index_select(0, pos.to(tensor.device))
+        nbytes += t.numel() * t.element_size()
+        inputs.append(t)
+    src_row_bytes = sum(
+        t[0].numel() * t.element_size()
+        for t, spec in zip(inputs, block.inputs, strict=True)
+        if spec.rows == SRC and t.shape[0]
+    )
+    if gather_free:
+        src_row_bytes = 0  # nothing gathered; fused SpMM reads the table in place
+    per_edge = max((split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0)
+    nbytes += blk.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
+    prepared = PreparedBatch(start, end, blk, inputs, nbytes)
+    if copy_stream is not None:
+        with torch.cuda.stream(copy_stream):
+            prepared.block = blk.to(device, non_blocking=True)
+            prepared.inputs = [
+                t if t.device == device else t.pin_memory().to(device, non_blocking=True)
+                for t in inputs
+            ]
+            event = torch.cuda.Event()
+            event.record(copy_stream)
+            prepared.event = event
+    return prepared

@@ -6,7 +6,8 @@ on the in-degree prefix sums). After batch :math:`k` with measured peak :math:`M
 
 .. math:: r = M / M_k,\\qquad n_t^{k+1} = r\\,n_t^k,\\qquad n_i^{k+1} = r\\,n_i^k
 
-with :math:`M` the memory target (90% of free device memory, or the CPU byte budget).
+with :math:`M` the memory target (90% of free device memory, capped by the configured
+budget, or 80% of the CPU byte budget; :meth:`PeakMemory.target`).
 ``r`` is clamped to ``[1/4, 2]`` per step so one tiny batch cannot make the next one
 explode. An out-of-memory batch halves both thresholds and is redone.
 """
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from hopserve.worker.engine.settings import CPU_BATCH_BUDGET_BYTES, DEVICE_MEMORY_FRACTION
 
 CPU_TARGET_FRACTION = 0.8
 
@@ -98,17 +101,29 @@ class PeakMemory:
             return int(torch.cuda.max_memory_allocated(self.device) - self._base)
         return accounted
 
-    def target(self, cpu_budget: int) -> float:
-        """The memory target M: 90% of available device memory, or of the CPU budget.
+    @staticmethod
+    def budget(memory_budget_bytes: int | None) -> int:
+        """The hard per-batch limit on CPU: the budget, or :data:`CPU_BATCH_BUDGET_BYTES`."""
+        if memory_budget_bytes is None:
+            return CPU_BATCH_BUDGET_BYTES
+        return int(memory_budget_bytes)
 
-        On CPU the budget itself is the hard limit (a batch predicted over it counts as an
-        OOM) and Eq. 2 aims at 80% of it: a batch's footprint varies with its edge/source
-        mix, and a 10% margin redid about a third of the batches on power-law graphs.
+    def target(self, memory_budget_bytes: int | None) -> float:
+        """The memory target M of Eq. 2.
+
+        GPU: :data:`DEVICE_MEMORY_FRACTION` of the free (plus cached) device memory, capped
+        at ``memory_budget_bytes`` when given. CPU: the budget itself is the hard limit (a
+        batch predicted over it counts as an OOM) and Eq. 2 aims at 80% of it: a batch's
+        footprint varies with its edge/source mix, and a 10% margin redid about a third of
+        the batches on power-law graphs.
         """
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
                 self.device
             )
-            return 0.9 * (free + cached)
-        return CPU_TARGET_FRACTION * float(cpu_budget)
+            target = DEVICE_MEMORY_FRACTION * (free + cached)
+            if memory_budget_bytes is not None:
+                target = min(target, float(memory_budget_bytes))
+            return target
+        return CPU_TARGET_FRACTION * float(self.budget(memory_budget_bytes))

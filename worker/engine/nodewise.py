@@ -26,12 +26,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hopserve.proto.contract import BlockInfo, LayerStats, RunStats
 from hopserve.worker.convs.base import fresh_conv_caches
-from hopserve.worker.engine.plan import plan_frontiers, segment_positions
-from hopserve.worker.engine.stats import EvalStats, LayerStats
+from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers, segment_positions
 
 _DEGREE_FREE = {
     "SAGEConv",
@@ -117,6 +118,9 @@ def _dgl_degree_free(module: nn.Module) -> bool:
 class NodewiseEvaluator:
     """Exact node-wise evaluation over each target batch's receptive field.
 
+    An :class:`~.factory.Evaluator` (exact evaluation only): its plans hold just the
+    targets, since no frontier is run layer by layer.
+
     Args:
         model: any PyG-style model ``forward(x, edge_index)``.
         graph: a GraphStore.
@@ -151,7 +155,41 @@ class NodewiseEvaluator:
         self.out_degree_sink = self.style == "dgl" and reads_out_degrees(model)
         if self.style == "dgl":
             self._check_dgl(model)
-        self.last_stats: EvalStats | None = None
+        self.last_stats: RunStats | None = None
+
+    mode = "nodewise"
+    reads_input_frontier = False  # plans carry the targets only
+
+    @property
+    def num_layers(self) -> int:
+        """The receptive field in hops."""
+        return int(self.hops)
+
+    def describe(self) -> str:
+        return f"node-wise fallback (receptive field {self.hops} hops)"
+
+    def blocks(self) -> tuple[BlockInfo, ...]:
+        return ()
+
+    def plan(
+        self, storage_targets: Tensor | None, fanouts: Sequence[int] | None = None, seed: int = 0
+    ) -> Plan:
+        """Just the targets (``None`` = all nodes); sampling is not available node-wise."""
+        from hopserve.proto.contract import validate_fanouts
+
+        if validate_fanouts(fanouts) is not None:
+            raise ValueError("sampling evaluation is not available in node-wise mode")
+        nodes = None if storage_targets is None else np.unique(np.asarray(storage_targets))
+        return Plan([LayerFrontier(nodes)], None)
+
+    def evaluate_plan(self, plan: Plan, storage_targets: Tensor | None) -> Tensor:
+        """Rows of ``storage_targets`` (``None``: all nodes, ascending external ID)."""
+        if storage_targets is None:
+            storage_targets = self.graph.sorted_external_order()
+        return self.evaluate_storage_ids(storage_targets)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def _check_dgl(self, model: nn.Module) -> None:
         """Refusals the model's own forward would hit on this graph, up front."""
@@ -165,8 +203,18 @@ class NodewiseEvaluator:
             if type(m).__module__.startswith("dgl.nn."):
                 check_zero_in_degree(m, self.graph, name)
 
-    def evaluate(self, targets: Sequence[int] | Tensor | None = None) -> Tensor:
-        """Rows for ``targets`` (external IDs, request order) or all nodes (ascending ID)."""
+    def evaluate(
+        self,
+        targets: Sequence[int] | Tensor | None = None,
+        fanouts: Sequence[int] | None = None,
+        seed: int = 0,
+    ) -> Tensor:
+        """Rows for ``targets`` (external IDs, request order) or all nodes (ascending ID).
+
+        Raises:
+            ValueError: ``fanouts`` that sample (node-wise evaluation is exact only).
+        """
+        self.plan(None, fanouts, seed)  # refuses sampling
         g = self.graph
         if targets is None:
             order = g.sorted_external_order()
@@ -182,7 +230,7 @@ class NodewiseEvaluator:
             self.evaluate_storage(storage[i : i + self.batch_size])
             for i in range(0, storage.numel(), self.batch_size)
         ]
-        stats = EvalStats(total_s=time.perf_counter() - t0)
+        stats = RunStats(total_s=time.perf_counter() - t0, device=str(self.device))
         stats.layers.append(LayerStats(layer=0, rows=int(storage.numel()), batches=len(outs)))
         stats.compute_s = stats.total_s
         self.last_stats = stats
@@ -192,12 +240,14 @@ class NodewiseEvaluator:
         """One forward over the receptive field of storage-id ``targets``."""
         g = self.graph
         depth = self.hops + (1 if self.degree_hop else 0)
-        plan = plan_frontiers(g, targets, depth, None, shortcut=False)
-        field = plan.layers[0].nodes  # within `depth` hops
-        inner = plan.layers[1].nodes if depth >= 1 else field  # their in-edges are complete
-        pos, counts = segment_positions(g.indptr, inner)
-        src = torch.searchsorted(field, g.indices[pos].long())
-        dst = torch.searchsorted(field, torch.repeat_interleave(inner, counts))
+        topo = g.topology
+        plan = plan_frontiers(topo, np.asarray(targets), depth, None, shortcut=False)
+        field_np = plan.layers[0].nodes  # within `depth` hops
+        inner_np = plan.layers[1].nodes if depth >= 1 else field_np  # in-edges complete
+        pos, counts = segment_positions(topo.indptr, inner_np)
+        field, inner = torch.from_numpy(field_np), torch.from_numpy(inner_np)
+        src = torch.searchsorted(field, torch.from_numpy(topo.indices[pos].astype(np.int64)))
+        dst = torch.searchsorted(field, torch.repeat_interleave(inner, torch.from_numpy(counts)))
         x = g.features.index_select(0, field).float().to(self.device)
         if self.style == "dgl":
             out = self._dgl_forward(x, field, inner, src, dst)
@@ -205,7 +255,7 @@ class NodewiseEvaluator:
             edge_index = torch.stack([src, dst]).to(self.device)
             with torch.no_grad(), fresh_conv_caches(self.model):
                 out = self.model(x, edge_index)
-        return out[torch.searchsorted(field, targets).to(self.device)].cpu()
+        return out[torch.searchsorted(field, torch.as_tensor(targets)).to(self.device)].cpu()
 
     def _dgl_forward(
         self, x: Tensor, field: Tensor, inner: Tensor, src: Tensor, dst: Tensor

@@ -1,40 +1,21 @@
 """Workers split by device behind one base class (vLLM's worker split).
 
 ``make_worker("cpu" | "cuda" | "cuda:N")`` returns a :class:`CPUWorker` or
-:class:`GPUWorker` with its device initialised. The error types
-(:mod:`~hopserve.worker.runtime.errors`) import without torch; the worker classes are
-loaded lazily on first use.
+:class:`GPUWorker` with its device initialised. Jobs, results, status and the job errors
+are the contract's (:mod:`hopserve.proto.contract`); :mod:`.job_checks` holds what a
+worker checks before running a job. The worker classes are loaded lazily on first use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hopserve.worker.runtime.errors import (
-    DeadlineExceededError,
-    GraphVersionMismatchError,
-    InvalidJobError,
-    ModelNotFoundError,
-    WorkerBusyError,
-)
-
 if TYPE_CHECKING:  # pragma: no cover
     from hopserve.worker.runtime.base import LoadedModel, Worker
     from hopserve.worker.runtime.cpu_worker import CPUWorker
     from hopserve.worker.runtime.gpu_worker import GPUWorker
 
-__all__ = [
-    "CPUWorker",
-    "DeadlineExceededError",
-    "GPUWorker",
-    "GraphVersionMismatchError",
-    "InvalidJobError",
-    "LoadedModel",
-    "ModelNotFoundError",
-    "Worker",
-    "WorkerBusyError",
-    "make_worker",
-]
+__all__ = ["CPUWorker", "GPUWorker", "LoadedModel", "Worker", "make_worker"]
 
 _LAZY = {
     "Worker": "hopserve.worker.runtime.base",

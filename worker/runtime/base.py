@@ -4,10 +4,10 @@ vLLM's split: a :class:`Worker` base class owns the device-independent parts (mo
 registry, job execution, status), and one subclass per device kind implements
 :meth:`Worker.init_device` and :meth:`Worker.memory_info`. Call order::
 
-    worker = make_worker("cuda:0")       # constructs and calls init_device()
+    worker = make_worker("cuda:0")             # constructs and calls init_device()
     worker.load_model(model_cfg, engine_cfg)   # per model: weights, graph, evaluator
-    result = worker.execute(job)         # any thread; see below
-    worker.info()                        # status snapshot (WorkerStatus)
+    result = worker.execute(job)               # any thread; see below
+    worker.status()                            # a WorkerStatus snapshot
 
 Thread safety: :meth:`Worker.execute` may be called from several threads. Jobs for one
 model run one at a time (a per-model lock, acquired with the job's deadline as timeout);
@@ -25,21 +25,37 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from hopserve.worker.job import Job, JobError, JobResult, time_left
-from hopserve.worker.loader import ModelLoadError, load_model
-from hopserve.worker.runtime.errors import DeadlineExceededError, ModelNotFoundError
-from hopserve.worker.runtime.planning import (
-    build_plan,
-    check_deadline,
-    check_targets,
-    to_job_stats,
+from hopserve.proto.contract import (
+    DeadlineExceededError,
+    DeviceMemory,
+    InvalidJobError,
+    Job,
+    JobError,
+    JobResult,
+    ModelNotFoundError,
+    ModelStatus,
+    WorkerStatus,
+    time_left,
 )
+from hopserve.rpc import clip, quote
+from hopserve.worker.loader import ModelLoadError, load_model
+from hopserve.worker.runtime.job_checks import (
+    check_deadline,
+    check_graph_version,
+    check_targets,
+    plan_job,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hopserve.config import EngineConfig, ModelConfig
+    from hopserve.worker.engine.factory import Evaluator
+    from hopserve.worker.graph.store import GraphStore
 
 __all__ = ["LoadedModel", "Worker"]
 
@@ -52,38 +68,42 @@ class LoadedModel:
 
     name: str
     version: str
-    evaluator: Any  # LayerwiseEvaluator
-    graph: Any  # GraphStore
+    evaluator: Evaluator
+    graph: GraphStore
     dim: int  # output embedding width
+    description: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def num_layers(self) -> int:
         return int(self.evaluator.num_layers)
 
-    def describe(self) -> dict[str, Any]:
-        """Name, version, dim, layers, mode and graph (version, num nodes)."""
-        return {
-            "name": self.name,
-            "version": self.version,
-            "dim": self.dim,
-            "num_layers": self.num_layers,
-            "mode": self.evaluator.mode,
-            "input_frontier": bool(getattr(self.evaluator, "reads_input_frontier", True)),
-            "graph_version": self.graph.version,
-            "num_nodes": self.graph.num_nodes,
-        }
+    def status(self) -> ModelStatus:
+        """What the front-end needs to serve this model (the same in process and remote)."""
+        return ModelStatus(
+            name=self.name,
+            version=self.version,
+            dim=self.dim,
+            num_layers=self.num_layers,
+            graph_version=self.graph.version,
+            graph_num_nodes=self.graph.num_nodes,
+            mode=self.evaluator.mode,
+            reads_input_frontier=bool(self.evaluator.reads_input_frontier),
+            blocks=self.evaluator.blocks(),
+            description=self.description,
+        )
 
 
 class Worker(abc.ABC):
-    """Runs :class:`~hopserve.worker.job.Job` s on one device.
+    """Runs :class:`~hopserve.proto.contract.Job` s on one device.
 
     Args:
         device: torch device string (``"cpu"``, ``"cuda:0"``).
         worker_id: stable identifier reported in results and status
             (default ``host:pid:device``).
-        verify_frontiers: also check that sent frontiers cover every in-neighbour (costs
-            as much as planning; off by default, the front-end is trusted for that).
+        verify_frontiers: also check up front that sent frontiers cover every
+            in-neighbour (costs as much as planning; the evaluator's checked row lookups
+            catch an incomplete frontier anyway).
     """
 
     def __init__(
@@ -104,8 +124,8 @@ class Worker(abc.ABC):
         """Prepare the device (select it, reset counters, threads). Idempotent."""
 
     @abc.abstractmethod
-    def memory_info(self) -> dict[str, int]:
-        """``used``, ``total`` and ``peak`` device memory in bytes (0 = unknown)."""
+    def memory_info(self) -> DeviceMemory:
+        """Device memory in bytes (0 = unknown)."""
 
     def _after_job(self) -> None:  # noqa: B027 - optional hook
         """Called after each job (e.g. to sample the device's peak memory)."""
@@ -120,13 +140,13 @@ class Worker(abc.ABC):
             self._device_ready = True
 
     # ------------------------------------------------------------------ models
-    def load_model(self, cfg, engine=None) -> LoadedModel:
+    def load_model(self, cfg: ModelConfig, engine: EngineConfig | None = None) -> LoadedModel:
         """Load a configured model onto this worker's device (replacing the same key).
 
         Args:
-            cfg: :class:`~hopserve.server.config.ModelConfig` (entrypoint, kwargs, weights,
-                graph, name, version). ``cfg.device`` is advisory: the worker's device wins.
-            engine: :class:`~hopserve.server.config.EngineConfig`; ``None`` = defaults.
+            cfg: The model's configuration (entrypoint, kwargs, weights, graph, name,
+                version, fallback). ``cfg.device`` is advisory: the worker's device wins.
+            engine: The evaluator's settings; ``None`` = defaults.
 
         Raises:
             ModelLoadError: the class, weights, graph or split cannot be used.
@@ -158,7 +178,14 @@ class Worker(abc.ABC):
         except ModelLoadError as err:
             raise ModelLoadError(f"{where}: {err}") from None
         return self.add_model(
-            cfg.name, cfg.version, model, graph, engine, fallback=cfg.fallback, hops=cfg.hops
+            cfg.name,
+            cfg.version,
+            model,
+            graph,
+            engine,
+            fallback=cfg.fallback,
+            hops=cfg.hops,
+            description=cfg.entrypoint,
         )
 
     def add_model(
@@ -166,11 +193,12 @@ class Worker(abc.ABC):
         name: str,
         version: str,
         model: nn.Module,
-        graph,
-        engine=None,
+        graph: GraphStore,
+        engine: EngineConfig | None = None,
         *,
         fallback: str = "error",
         hops: int | None = None,
+        description: str = "",
     ) -> LoadedModel:
         """Serve an already built ``model`` on ``graph`` as ``(name, version)``.
 
@@ -180,31 +208,25 @@ class Worker(abc.ABC):
         Raises:
             ModelLoadError: the model cannot be split into layers (names the reason).
         """
-        from hopserve.worker.engine.evaluator import LayerwiseEvaluator
+        from hopserve.worker.engine.factory import make_evaluator
         from hopserve.worker.trace.tracer import ModelTraceError
 
         self._ensure_device()
-        kwargs: dict[str, Any] = {}
-        if engine is not None:
-            kwargs = {
-                "memory_budget_bytes": int(engine.memory_budget_bytes),
-                "host_memory_budget_bytes": int(engine.host_memory_budget_bytes),
-                "spill_dir": None if engine.spill_dir is None else str(engine.spill_dir),
-                "prefetch": bool(engine.prefetch),
-            }
+        settings = engine.settings().kwargs() if engine is not None else {}
         try:
-            evaluator = LayerwiseEvaluator(
+            evaluator = make_evaluator(
                 model,
                 graph,
-                device=self.device,
-                progress=False,
+                self.device,
                 fallback=fallback,
                 hops=hops,
-                **kwargs,
+                progress=False,
+                **settings,
             )
-        except ModelTraceError as err:
+        except (ModelTraceError, ValueError) as err:
             raise ModelLoadError(f"model {name!r} version {version!r}: {err}") from None
-        entry = LoadedModel(name, str(version), evaluator, graph, _output_dim(evaluator))
+        text = f"{description} ({evaluator.mode})\n{evaluator.describe()}".strip()
+        entry = LoadedModel(name, str(version), evaluator, graph, _output_dim(evaluator), text)
         with self._state:
             old = self._models.get((name, entry.version))
             self._models[(name, entry.version)] = entry
@@ -239,7 +261,7 @@ class Worker(abc.ABC):
             if entry is None:
                 loaded = ", ".join(f"{n}:{v}" for n, v in sorted(self._models)) or "none"
                 raise ModelNotFoundError(
-                    f"model {name!r} version {version!r} is not loaded on worker "
+                    f"model {quote(name)} version {quote(version)} is not loaded on worker "
                     f"{self.worker_id} (loaded: {loaded})"
                 )
             return entry
@@ -250,12 +272,14 @@ class Worker(abc.ABC):
 
         Raises:
             ModelNotFoundError: unknown ``(job.model, job.model_version)``.
-            InvalidJobError: bad targets, frontiers or fanouts.
+            GraphVersionMismatchError: the job was planned on another graph version.
+            InvalidJobError: bad targets, frontiers, fanouts or seed.
             DeadlineExceededError: ``job.deadline`` passed before the job started.
             JobError: the evaluation itself failed (message names the job).
         """
         started = time.perf_counter()
         entry = self.model(job.model, job.model_version)
+        check_graph_version(job, entry.graph.version)
         targets = check_targets(job, entry.graph.num_nodes)
         check_deadline(job)
         with self._queued_slot():
@@ -264,35 +288,54 @@ class Worker(abc.ABC):
             acquired = entry.lock.acquire(timeout=timeout)
         if not acquired:
             raise DeadlineExceededError(
-                f"job {job.job_id}: deadline passed while waiting for model {job.model!r}"
+                f"job {clip(job.job_id)}: deadline passed while waiting for model "
+                f"{quote(job.model)}"
             )
         try:
             with self._running_slot(), self._device_context():
                 check_deadline(job)
                 t0 = time.perf_counter()
-                plan = build_plan(job, entry.evaluator, targets, verify=self.verify_frontiers)
-                planning_s = time.perf_counter() - t0
-                try:
-                    out = entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
-                except JobError:
-                    raise
-                except Exception as err:
-                    log.exception("job %s failed", job.job_id)
-                    raise JobError(
-                        f"job {job.job_id}: evaluation of model {job.model!r} failed: "
-                        f"{type(err).__name__}: {err}"
-                    ) from err
-                stats = to_job_stats(
-                    entry.evaluator.last_stats, planning_s=planning_s, started=started
-                )
+                plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+                checked_s = time.perf_counter() - t0
+                out = self._evaluate(job, entry, plan, targets)
+                stats = entry.evaluator.last_stats
+                # Exact jobs arrive planned: checking them is preparation, not planning.
+                if job.frontiers is not None and job.fanouts is None:
+                    stats.prepare_s += checked_s
+                else:
+                    stats.planning_s += checked_s
+                stats.total_s = time.perf_counter() - started
         finally:
             entry.lock.release()
             self._after_job()
         # [rows, dim] float32; a per-node scalar or tensor output is flattened per row
         rows = out.detach().reshape(len(targets), -1).numpy()
         embeddings = np.ascontiguousarray(rows, dtype=np.float32)
-        log.debug("job %s: %d targets in %.3fs", job.job_id, len(targets), stats.total_s)
-        return JobResult(job.job_id, embeddings, stats, worker=self.worker_id)
+        log.debug("job %s: %d targets in %.3fs", clip(job.job_id), len(targets), stats.total_s)
+        return JobResult(
+            job.job_id,
+            embeddings,
+            stats,
+            worker=self.worker_id,
+            model_version=entry.version,
+            graph_version=entry.graph.version,
+        )
+
+    def _evaluate(self, job: Job, entry: LoadedModel, plan, targets: np.ndarray) -> torch.Tensor:  # noqa: ANN001
+        from hopserve.worker.engine.batch import FrontierError
+
+        try:
+            return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
+        except FrontierError as err:
+            raise InvalidJobError(
+                f"job {clip(job.job_id)}: inconsistent frontiers: {err}"
+            ) from None
+        except Exception as err:
+            log.exception("job %s failed", clip(job.job_id))
+            raise JobError(
+                f"job {clip(job.job_id)}: evaluation of model {quote(job.model)} failed: "
+                f"{type(err).__name__}: {err}"
+            ) from err
 
     @contextmanager
     def _queued_slot(self) -> Iterator[None]:
@@ -321,28 +364,20 @@ class Worker(abc.ABC):
             return self._running + self._queued
 
     # ------------------------------------------------------------------ status
-    def info(self) -> dict[str, Any]:
-        """Status snapshot: device, models, job counts and device memory (bytes).
-
-        Keys: ``worker_id``, ``device``, ``models`` (list of
-        :meth:`LoadedModel.describe` dicts), ``inflight_jobs`` (running),
-        ``queued_jobs`` (waiting for their model), ``device_memory_used_bytes``,
-        ``device_memory_total_bytes``, ``device_memory_peak_bytes``.
-        """
-        mem = self.memory_info()
+    def status(self) -> WorkerStatus:
+        """Snapshot: device, loaded models, job counts and device memory."""
+        memory = self.memory_info()
         with self._state:
-            models = [self._models[k].describe() for k in sorted(self._models)]
+            models = tuple(self._models[k].status() for k in sorted(self._models))
             running, queued = self._running, self._queued
-        return {
-            "worker_id": self.worker_id,
-            "device": str(self.device),
-            "models": models,
-            "inflight_jobs": running,
-            "queued_jobs": queued,
-            "device_memory_used_bytes": int(mem.get("used", 0)),
-            "device_memory_total_bytes": int(mem.get("total", 0)),
-            "device_memory_peak_bytes": int(mem.get("peak", 0)),
-        }
+        return WorkerStatus(
+            worker_id=self.worker_id,
+            device=str(self.device),
+            models=models,
+            inflight_jobs=running,
+            queued_jobs=queued,
+            memory=memory,
+        )
 
     def close(self) -> None:
         """Release the evaluators' threads; the worker cannot run jobs afterwards."""
@@ -355,13 +390,12 @@ class Worker(abc.ABC):
         return f"{type(self).__name__}(device={str(self.device)!r}, models={len(self._models)})"
 
 
-def _output_dim(evaluator) -> int:
+def _output_dim(evaluator: Evaluator) -> int:
     """Output width, from one forward of the model on a small probe graph.
 
     The model is called in its own style (``model(x, edge_index)`` for PyG,
     ``model(dgl_graph, x)`` for DGL), on the probe graph the evaluator's self-check uses
-    (with the self-loops a DGL conv that refuses zero in-degree needs). The style is the
-    split's, or the node-wise fallback's (``split is None``).
+    (with the self-loops a DGL conv that refuses zero in-degree needs).
     """
     from hopserve.worker.convs.base import fresh_conv_caches
     from hopserve.worker.engine.nodewise import model_style

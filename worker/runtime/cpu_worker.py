@@ -9,6 +9,7 @@ import sys
 import psutil
 import torch
 
+from hopserve.proto.contract import DeviceMemory
 from hopserve.worker.runtime.base import Worker
 
 __all__ = ["CPUWorker"]
@@ -39,9 +40,9 @@ class CPUWorker(Worker):
             torch.set_num_threads(self.num_threads)
         log.info("CPU worker %s: %d torch threads", self.worker_id, torch.get_num_threads())
 
-    def memory_info(self) -> dict[str, int]:
+    def memory_info(self) -> DeviceMemory:
         """``used`` = process RSS, ``total`` = host RAM, ``peak`` = the process's max RSS."""
         rss = psutil.Process().memory_info().rss
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak *= 1 if sys.platform == "darwin" else 1024  # Linux reports KiB
-        return {"used": int(rss), "total": int(psutil.virtual_memory().total), "peak": int(peak)}
+        return DeviceMemory(int(rss), int(psutil.virtual_memory().total), int(peak))

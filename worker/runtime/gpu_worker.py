@@ -7,6 +7,7 @@ import threading
 
 import torch
 
+from hopserve.proto.contract import DeviceMemory
 from hopserve.worker.runtime.base import Worker
 
 __all__ = ["GPUWorker"]
@@ -65,12 +66,7 @@ class GPUWorker(Worker):
         with self._peak_lock:
             self._peak = max(self._peak, int(peak))
 
-    def memory_info(self) -> dict[str, int]:
+    def memory_info(self) -> DeviceMemory:
         _, total = torch.cuda.mem_get_info(self.device)
         self._after_job()
-        return {
-            "used": int(torch.cuda.memory_reserved(self.device)),
-            "allocated": int(torch.cuda.memory_allocated(self.device)),
-            "total": int(total),
-            "peak": self._peak,
-        }
+        return DeviceMemory(int(torch.cuda.memory_reserved(self.device)), int(total), self._peak)

@@ -173,7 +173,7 @@ class ServerThread:
 
     def drain(self) -> None:
         """Wait for the cache write-backs scheduled so far."""
-        self.call(lambda: self.service.frontend.drain(10))
+        self.call(lambda: self.service.edge.drain(10))
 
     def client(self, **kw: Any) -> EmbeddingClient:
         return EmbeddingClient(self.target, **({"timeout": 30.0} | kw))

@@ -35,7 +35,7 @@ from hopserve.client import (
     NotFoundError,
     UnavailableError,
 )
-from hopserve.client.wire import decode_embeddings
+from hopserve.proto.tensors import decode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
 
@@ -93,7 +93,8 @@ def test_served_embeddings_equal_the_engine(served, evaluator, all_ids) -> None:
     assert result.embeddings.shape == (40, 5)
     assert result.model == MODEL and result.model_version == "1"
     assert (
-        result.graph_version == GraphStore.open(served.service.models.get(MODEL).graph.path).version
+        result.graph_version
+        == GraphStore.open(served.service.models.get(MODEL).topology.path).version
     )
     assert result.cache_hits == 0
     timing = result.timing
@@ -214,7 +215,7 @@ def test_large_request_is_split_into_several_batches(served, evaluator, all_ids)
 
 
 def test_stream_reassembles_to_get_embeddings(served, all_ids) -> None:
-    served.service.frontend.max_chunk_bytes = 7 * 5 * 4  # 7 rows per chunk
+    served.service.edge.max_chunk_bytes = 7 * 5 * 4  # 7 rows per chunk
     try:
         ids = np.concatenate([pick(all_ids, 3, 100), all_ids[:3]])
         with served.client() as client:
@@ -222,7 +223,7 @@ def test_stream_reassembles_to_get_embeddings(served, all_ids) -> None:
             pieces = list(client.stream_embeddings(MODEL, ids, cache_policy="bypass"))
         chunks = raw(served.target, request(ids), "StreamEmbeddings")
     finally:
-        served.service.frontend.max_chunk_bytes = 2 << 20
+        served.service.edge.max_chunk_bytes = 2 << 20
     assert [off for off, _ in pieces] == list(range(0, 103, 7))
     np.testing.assert_allclose(np.concatenate([rows for _, rows in pieces]), whole, atol=0)
     assert all(c.num_rows <= 7 and c.num_nodes == 103 and c.dim == 5 for c in chunks)

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from support import assert_exact
 
 from hopserve import LayerwiseEvaluator
-from hopserve.client.wire import decode_embeddings
+from hopserve.proto.tensors import decode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 
 MODEL = "sage"
@@ -105,7 +105,7 @@ def fuzz_server(make_config: Callable[..., Any], launch: Callable[..., Any]) -> 
             max_wait_ms=5,
         )
     )
-    server.service.frontend.max_chunk_bytes = 7 * 5 * 4
+    server.service.edge.max_chunk_bytes = 7 * 5 * 4
     yield server
     server.stop()
 

@@ -9,7 +9,7 @@ from support.models import build
 from torch import nn
 from torch_geometric.nn import APPNP, SGConv
 
-from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator
+from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator, make_evaluator
 from hopserve.worker.trace import ModelTraceError
 
 
@@ -59,7 +59,7 @@ def test_fallback_is_exact_for_refused_models(graph, model_cls):
     model = model_cls().eval()
     with pytest.raises(ModelTraceError):
         LayerwiseEvaluator(model, store)
-    ev = LayerwiseEvaluator(model, store, fallback="nodewise")
+    ev = make_evaluator(model, store, fallback="nodewise")
     assert ev.mode == "nodewise"
     with torch.no_grad():
         want = model(x, edge_index)
@@ -80,8 +80,8 @@ def test_untraceable_model_needs_hops(graph):
     edge_index, x, store = graph
     model = Branchy().eval()
     with pytest.raises(ValueError, match="hops"):
-        LayerwiseEvaluator(model, store, fallback="nodewise")
-    ev = LayerwiseEvaluator(model, store, fallback="nodewise", hops=3)
+        make_evaluator(model, store, fallback="nodewise")
+    ev = make_evaluator(model, store, fallback="nodewise", hops=3)
     ids = torch.tensor([3, 100])
     with torch.no_grad():
         assert_exact(ev.evaluate(targets=ids), model(x, edge_index)[ids], "branchy")

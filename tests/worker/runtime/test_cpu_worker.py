@@ -12,15 +12,14 @@ from support import assert_exact
 from support.servable import exact_job
 
 from hopserve import LayerwiseEvaluator
-from hopserve.worker.job import Job
-from hopserve.worker.loader import ModelLoadError
-from hopserve.worker.runtime import (
-    CPUWorker,
+from hopserve.proto.contract import (
     DeadlineExceededError,
     InvalidJobError,
+    Job,
     ModelNotFoundError,
-    make_worker,
 )
+from hopserve.worker.loader import ModelLoadError
+from hopserve.worker.runtime import CPUWorker, make_worker
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +54,17 @@ def test_rows_follow_target_order_with_duplicates(worker, servable):
     assert_exact(got, servable.reference[targets], "order + duplicates")
 
 
-def test_all_nodes_and_proto_form_frontiers(worker, servable):
+def test_all_nodes_frontiers_and_one_frontier_per_layer(worker, servable):
     targets = np.array([1, 2, 60])
     full = exact_job(servable.store, targets)
     all_nodes = Job("a", "tiny", "1", targets, frontiers=(None, None, targets))
-    proto_form = Job("p", "tiny", "1", targets, frontiers=full.frontiers[1:])  # V^1, V^2
-    for job in (all_nodes, proto_form):
+    for job in (all_nodes, full):
         got = torch.from_numpy(worker.execute(job).embeddings)
         assert_exact(got, servable.reference[targets], job.job_id)
-    res = worker.execute(proto_form)
-    assert res.stats.frontier_sizes[0] == full.frontiers[0].size  # V^0 derived like the planner
+    # The worker never plans an exact job again: V^1, V^2 without V^0 is refused, not completed.
+    short = Job("p", "tiny", "1", targets, frontiers=full.frontiers[1:])
+    with pytest.raises(InvalidJobError, match=r"2 frontiers for a 2-layer model \(expected 3"):
+        worker.execute(short)
 
 
 def test_sampling_job_is_reproducible(worker, evaluator, servable):
@@ -145,23 +145,26 @@ def test_verify_frontiers_catches_missing_neighbours(servable):
     w.close()
 
 
-def test_info_reports_models_and_memory(worker, servable):
-    info = worker.info()
-    assert info["worker_id"] == "test-worker" and info["device"] == "cpu"
-    (model,) = info["models"]
-    assert model == {
-        "name": "tiny",
-        "version": "1",
-        "dim": 4,
-        "num_layers": 2,
-        "mode": "layerwise",
-        "input_frontier": False,  # TinySAGE has no node-wise block 0
-        "graph_version": servable.store.version,
-        "num_nodes": 120,
-    }
-    assert info["inflight_jobs"] == 0 and info["queued_jobs"] == 0
-    mem = info["device_memory_used_bytes"], info["device_memory_total_bytes"]
-    assert 0 < mem[0] < mem[1] and info["device_memory_peak_bytes"] >= mem[0] // 2
+def test_status_reports_models_and_memory(worker, servable):
+    info = worker.status()
+    assert info.worker_id == "test-worker" and info.device == "cpu"
+    (model,) = info.models
+    assert (model.name, model.version, model.dim, model.num_layers, model.mode) == (
+        "tiny",
+        "1",
+        4,
+        2,
+        "layerwise",
+    )
+    assert model.reads_input_frontier is False  # TinySAGE has no node-wise block 0
+    assert (model.graph_version, model.graph_num_nodes) == (servable.store.version, 120)
+    assert [(b.layer, b.kind, b.in_dim, b.out_dim) for b in model.blocks] == [
+        (1, "SAGEConv", 6, 8),
+        (2, "SAGEConv", 8, 4),
+    ]
+    assert info.inflight_jobs == 0 and info.queued_jobs == 0
+    mem = info.memory
+    assert 0 < mem.used < mem.total and mem.peak >= mem.used // 2
 
 
 def test_models_run_concurrently_and_correctly(servable):

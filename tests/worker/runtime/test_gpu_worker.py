@@ -24,8 +24,8 @@ def test_gpu_worker_runs_exact_and_reports_memory(servable):
     res = w.execute(exact_job(servable.store, targets))
     assert res.embeddings.dtype == np.float32
     assert_exact(torch.from_numpy(res.embeddings), servable.reference[targets], "cuda job")
-    info = w.info()
-    assert info["device"] == "cuda:0"
-    assert 0 < info["device_memory_used_bytes"] <= info["device_memory_total_bytes"]
-    assert info["device_memory_peak_bytes"] > 0
+    info = w.status()
+    assert info.device == "cuda:0"
+    assert 0 < info.memory.used <= info.memory.total
+    assert info.memory.peak > 0
     w.close()

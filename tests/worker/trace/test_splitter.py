@@ -9,7 +9,7 @@ from support.models import JKNet, TwoConvsOneLayer, WeightShared, build
 from torch import nn
 from torch_geometric.nn import SAGEConv
 
-from hopserve import GraphStore, LayerwiseEvaluator
+from hopserve import GraphStore, LayerwiseEvaluator, make_evaluator
 from hopserve.worker.trace import split_model
 from hopserve.worker.trace.blocks import FEATURES
 
@@ -107,7 +107,7 @@ def test_feature_width_mismatch_names_both_widths_and_the_layer():
     store = GraphStore.from_edge_index(random_edge_index(30, 90), torch.randn(30, 1000))
     for fallback in ("error", "nodewise"):
         with pytest.raises(FeatureWidthError) as info:
-            LayerwiseEvaluator(GCN(1433, 16, 7), store, fallback=fallback)
+            make_evaluator(GCN(1433, 16, 7), store, fallback=fallback)
         assert str(info.value).startswith(
             "graph has 1000-dim features, model's first layer 'conv1' (GCNConv) expects 1433"
         )

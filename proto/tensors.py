@@ -3,7 +3,9 @@
 Embeddings travel as little-endian float32 (``<f4``), row-major, ``n * dim`` values;
 node indices (worker protocol) as little-endian int64 (``<i8``). Shapes travel in their
 own proto fields, so the decoders take them as arguments and check the byte count.
-Shared by the client, the front-end and the workers; imports numpy only.
+Shared by the client SDK (``hopserve.client`` re-exports the embedding pair), the
+front-end and the workers, so every side packs and checks tensors the same way; imports
+numpy only.
 """
 
 from __future__ import annotations

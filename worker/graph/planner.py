@@ -1,32 +1,61 @@
-"""Frontier annotation: which nodes each layer must compute (DGI §3.3).
+"""The planner: which nodes each layer must compute for a target set (DGI §3.3), numpy only.
 
 For an L-layer model and targets :math:`T`, :math:`V^L = T` and
 :math:`V^{l-1} = V^l \\cup N_{in}(V^l)` (or the *sampled* in-neighbours, for sampling
-evaluation). ``V^0`` are the rows block 0 (node-wise ops before the first conv) and the
-source side of layer 1 need. DGI's shortcut: once :math:`|V^l| \\cdot d_{avg} \\ge n`, all
-lower frontiers are taken to be every node (annotation would cost more than it saves).
+evaluation). ``V^0`` are the rows a node-wise block 0 (ops before the first conv) reads.
+DGI's shortcut: once :math:`|V^l| \\cdot d_{avg} \\ge n`, all lower frontiers are taken to
+be every node (annotation would cost more than it saves).
 
-Sampling is per node and per layer, keyed by ``(seed, layer, edge position)``: a node's
-sampled neighbours do not depend on which other targets share its batch, so coalesced
-requests get the same embeddings as separate ones.
+One home for planning, over a graph's topology alone (``indptr``, ``indices``; no
+features, no torch): the front-end plans exact batches here before dispatching them, the
+worker plans sampling jobs and library calls here, and the engine reads in-edge segments
+with :func:`segment_positions`.
 
-The sampled graph of layer :math:`l` with fanout :math:`f_l \\ge 0` is :math:`G_l`: *every*
-node keeps exactly its sampled in-edges (:func:`sample_in_edges`; :math:`f_l = -1` keeps
-all, so :math:`G_l = G`). Sampling evaluation is defined as the model's forward with each
-conv of layer :math:`l` run on :math:`G_l`, degree statistics of :math:`G_l` included; the
-degree helpers below (:func:`sampled_in_degrees`, :func:`sampled_out_degrees`,
-:func:`sampled_csc`) give those statistics from the same hash, so there is one definition
-of the sample.
+Sampling is per node and per layer, keyed by ``(seed, layer, CSC edge position)``
+(:func:`edge_keys`): a node's sampled neighbours do not depend on which other targets
+share its batch, so coalesced requests get the same embeddings as separate ones. The
+sampled graph of layer :math:`l` with fanout :math:`f_l` is :math:`G_l`: *every* node keeps
+exactly its sampled in-edges (:math:`f_l = -1` keeps all, :math:`G_l = G`). Sampling
+evaluation is defined as the model's forward with each conv of layer :math:`l` run on
+:math:`G_l`, degree statistics of :math:`G_l` included; :func:`sampled_in_degrees`,
+:func:`sampled_out_degrees` and :func:`sampled_csc` give those statistics from the same
+hash, so there is one definition of the sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
-import torch
-from torch import Tensor
+
+__all__ = [
+    "LayerFrontier",
+    "Plan",
+    "Topology",
+    "edge_keys",
+    "plan_frontiers",
+    "sample_in_edges",
+    "sampled_csc",
+    "sampled_in_degrees",
+    "sampled_out_degrees",
+    "segment_positions",
+    "sorted_union",
+]
+
+
+class Topology(Protocol):
+    """What planning reads of a graph (:class:`~.topology.GraphTopology` has it)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def avg_degree(self) -> float: ...
 
 
 @dataclass
@@ -36,21 +65,29 @@ class LayerFrontier:
     ``nodes`` is ``None`` for *all nodes* (identity positions). For sampled layers,
     ``indptr``/``indices``/``edge_ids`` is a CSC local to ``nodes`` (position-indexed) and
     ``fanout``/``seed`` say which sampled graph :math:`G_l` it is part of; otherwise
-    in-edges are read from the graph store's CSC.
+    in-edges are read from the graph's CSC.
     """
 
-    nodes: Tensor | None  # sorted storage ids, int64
-    indptr: Tensor | None = None
-    indices: Tensor | None = None
-    edge_ids: Tensor | None = None
-    planned: bool = True  # False: not materialized because nothing reads it (size 0)
-    fanout: int | None = None  # sampled layers: the fanout (-1 = all in-edges)
-    seed: int | None = None  # sampled layers: the sampling seed
+    nodes: np.ndarray | None
+    """Ascending int64 storage ids, or ``None`` for all nodes."""
+    indptr: np.ndarray | None = None
+    """Sampled layers: local CSC offsets ``[len(nodes) + 1]``."""
+    indices: np.ndarray | None = None
+    """Sampled layers: the kept in-neighbours (storage ids)."""
+    edge_ids: np.ndarray | None = None
+    """Sampled layers: the kept edges' positions in the graph's CSC."""
+    planned: bool = True
+    """False: not materialized because nothing reads it (size 0)."""
+    fanout: int | None = None
+    """Sampled layers: the fanout (-1 = all in-edges)."""
+    seed: int | None = None
+    """Sampled layers: the sampling seed."""
 
     def size(self, num_nodes: int) -> int:
+        """Rows this layer computes."""
         if not self.planned:
             return 0
-        return num_nodes if self.nodes is None else int(self.nodes.numel())
+        return num_nodes if self.nodes is None else int(self.nodes.size)
 
     @property
     def sampled(self) -> bool:
@@ -65,42 +102,51 @@ class Plan:
     fanouts: list[int] | None
 
     def sizes(self, num_nodes: int) -> list[int]:
+        """``|V^0| … |V^L|``."""
         return [f.size(num_nodes) for f in self.layers]
 
+    @property
+    def frontiers(self) -> tuple[np.ndarray | None, ...]:
+        """``V^0 … V^L`` as a job carries them (``None`` = all nodes or not planned)."""
+        return tuple(f.nodes for f in self.layers)
 
-def segment_positions(indptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+
+def segment_positions(indptr: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSC positions of the in-edges of ``nodes`` (concatenated) and per-node counts.
 
     Built as a running sum of steps (1 inside a segment, a jump at each segment start),
     which stays cheap when a few hub segments hold most of the edges.
     """
+    nodes = np.asarray(nodes, dtype=np.int64)
     starts = indptr[nodes]
     counts = indptr[nodes + 1] - starts
     keep = counts > 0
     s, c = starts[keep], counts[keep]
     total = int(c.sum())
     if total == 0:
-        return torch.empty(0, dtype=torch.long), counts
-    steps = torch.ones(total, dtype=torch.long)
-    begins = torch.cumsum(c, 0) - c
+        return np.empty(0, dtype=np.int64), counts
+    steps = np.ones(total, dtype=np.int64)
+    begins = np.cumsum(c) - c
     steps[0] = s[0]
     steps[begins[1:]] = s[1:] - (s[:-1] + c[:-1] - 1)
-    return torch.cumsum(steps, 0), counts
+    return np.cumsum(steps), counts
 
 
-def sorted_union(num_nodes: int, *parts: Tensor) -> Tensor:
-    """Sorted unique storage ids of ``parts``.
+def sorted_union(num_nodes: int, *parts: np.ndarray) -> np.ndarray:
+    """Sorted unique int64 storage ids of ``parts``.
 
     A node bitmap costs O(N + E) against sorting's O(E log E); it wins unless the graph is
     much larger than the ids.
     """
-    total = sum(int(p.numel()) for p in parts)
+    total = sum(int(np.size(p)) for p in parts)
     if total and num_nodes <= 32 * total:
-        mark = torch.zeros(num_nodes, dtype=torch.bool)
+        mark = np.zeros(num_nodes, dtype=bool)
         for p in parts:
             mark[p] = True
-        return mark.nonzero().squeeze(1)
-    return torch.unique(torch.cat([p.long() for p in parts]))
+        return np.flatnonzero(mark)
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -110,103 +156,99 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def edge_keys(pos: Tensor, layer: int, seed: int) -> np.ndarray:
+def edge_keys(pos: np.ndarray, layer: int, seed: int) -> np.ndarray:
     """The sampling key (uint64) of each CSC edge position ``pos`` at ``layer``."""
     with np.errstate(over="ignore"):
         # Any uint64 seed (the wire allows all): mix seed and layer as separate words.
         seed_word = np.array([int(seed) % 2**64], dtype=np.uint64)
         salt = _splitmix64(_splitmix64(seed_word) ^ np.uint64(layer))
-        return _splitmix64(pos.numpy().astype(np.uint64) ^ salt)
+        return _splitmix64(np.asarray(pos).astype(np.uint64) ^ salt)
 
 
 def sample_in_edges(
-    indptr: Tensor, nodes: Tensor, fanout: int, layer: int, seed: int
-) -> tuple[Tensor, Tensor]:
+    indptr: np.ndarray, nodes: np.ndarray, fanout: int, layer: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Up to ``fanout`` in-edges per node, chosen by a per-edge hash (without replacement).
 
-    Each node keeps its ``min(deg, fanout)`` in-edges with the smallest
-    :func:`edge_keys` (ties impossible: keys are a bijection of positions), listed in CSC
-    order; ``fanout = -1`` keeps all. A node's sample depends only on the node, the layer
-    and the seed.
+    Each node keeps its ``min(deg, fanout)`` in-edges with the smallest :func:`edge_keys`
+    (ties impossible: keys are a bijection of positions), listed in CSC order;
+    ``fanout = -1`` keeps all. A node's sample depends only on the node, the layer and
+    the seed.
 
     Returns:
         (local indptr ``[len(nodes)+1]``, CSC edge positions of the kept edges).
     """
     pos, counts = segment_positions(indptr, nodes)
-    if fanout < 0 or counts.numel() == 0 or int(counts.max()) <= fanout:
-        local = torch.zeros(nodes.numel() + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=local[1:])
+    local = np.zeros(counts.size + 1, dtype=np.int64)
+    if fanout < 0 or counts.size == 0 or int(counts.max()) <= fanout:
+        np.cumsum(counts, out=local[1:])
         return local, pos
     keys = edge_keys(pos, layer, seed)
-    seg = np.repeat(np.arange(nodes.numel()), counts.numpy())
+    seg = np.repeat(np.arange(counts.size), counts)
     order = np.lexsort((keys, seg))  # by segment, then by key
-    starts = np.cumsum(counts.numpy()) - counts.numpy()
-    rank = np.arange(order.size) - np.repeat(starts, counts.numpy())
+    starts = np.cumsum(counts) - counts
+    rank = np.arange(order.size) - np.repeat(starts, counts)
     keep = order[rank < fanout]
     keep.sort()  # CSC order within each segment
-    kept = torch.from_numpy(keep)
-    new_counts = torch.clamp(counts, max=fanout)
-    local = torch.zeros(nodes.numel() + 1, dtype=torch.long)
-    torch.cumsum(new_counts, 0, out=local[1:])
-    return local, pos[kept]
+    np.cumsum(np.minimum(counts, fanout), out=local[1:])
+    return local, pos[keep]
 
 
-def sampled_csc(indptr: Tensor, fanout: int, layer: int, seed: int) -> tuple[Tensor, Tensor]:
+def sampled_csc(indptr: np.ndarray, fanout: int, layer: int, seed: int) -> tuple[np.ndarray, ...]:
     """:math:`G_l` for all nodes: (indptr ``[N+1]``, CSC positions of the kept edges).
 
     Cost: O(E) hashing and an O(E log E) sort when ``fanout`` is below the maximum degree.
     """
-    n = int(indptr.numel()) - 1
-    return sample_in_edges(indptr, torch.arange(n), fanout, layer, seed)
+    return sample_in_edges(indptr, np.arange(indptr.size - 1), fanout, layer, seed)
 
 
 def sampled_in_degrees(
-    indptr: Tensor,
-    indices: Tensor,
-    nodes: Tensor,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    nodes: np.ndarray,
     fanout: int,
     layer: int,
     seed: int,
-    self_loops: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+    self_loops: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     r"""In-degree of ``nodes`` in :math:`G_l`, and how many of those edges are self-loops.
 
     :math:`d^{in}_{G_l}(v) = \min(d^{in}(v), f)`. The self-loop count needs the node's
     sample only when it has a loop in the graph and more in-edges than ``fanout``: with
-    ``self_loops`` (each node's self-loop count in the whole graph, integer ``[N]``) only those
-    nodes are sampled, O(their in-degree); without it every node of ``nodes`` is.
+    ``self_loops`` (each node's self-loop count in the whole graph, integer ``[N]``) only
+    those nodes are sampled, O(their in-degree); without it every node of ``nodes`` is.
 
     Returns:
         (in-degree, self-loop count), int64 ``[len(nodes)]`` each.
     """
-    nodes = nodes.long()
+    nodes = np.asarray(nodes, dtype=np.int64)
     deg = indptr[nodes + 1] - indptr[nodes]
-    kept = deg if fanout < 0 else deg.clamp(max=fanout)
+    kept = deg if fanout < 0 else np.minimum(deg, fanout)
     if self_loops is None:
-        hard = torch.ones_like(deg, dtype=torch.bool)
-        loops = torch.zeros_like(deg)
+        hard = np.ones(deg.shape, dtype=bool)
+        loops = np.zeros_like(deg)
     else:
-        loops = self_loops[nodes].long()
+        loops = self_loops[nodes].astype(np.int64)
         hard = (loops > 0) & (deg > kept)  # some loop, some edge dropped
-    if bool(hard.any()):
+    if hard.any():
         which = nodes[hard]
         local, pos = sample_in_edges(indptr, which, fanout, layer, seed)
-        own = torch.repeat_interleave(which, local[1:] - local[:-1])
-        is_loop = (indices[pos].long() == own).long()
-        seg = torch.repeat_interleave(torch.arange(which.numel()), local[1:] - local[:-1])
-        loops[hard] = torch.zeros(which.numel(), dtype=torch.long).index_add_(0, seg, is_loop)
+        counts = np.diff(local)
+        is_loop = indices[pos].astype(np.int64) == np.repeat(which, counts)
+        seg = np.repeat(np.arange(which.size), counts)
+        loops[hard] = np.bincount(seg[is_loop], minlength=which.size)
     return kept, loops
 
 
 def sampled_out_degrees(
-    indptr: Tensor,
-    indices: Tensor,
+    indptr: np.ndarray,
+    indices: np.ndarray,
     num_nodes: int,
     fanout: int,
     layer: int,
     seed: int,
-    out_degrees: Tensor | None = None,
-) -> Tensor:
+    out_degrees: np.ndarray | None = None,
+) -> np.ndarray:
     """Out-degree of every node in :math:`G_l`, int64 ``[N]``.
 
     A node's out-edges in :math:`G_l` are decided by its out-neighbours' samples, so this
@@ -217,25 +259,24 @@ def sampled_out_degrees(
     ``(graph, layer, fanout, seed)``.
     """
     if out_degrees is None:
-        out = torch.bincount(indices.long(), minlength=num_nodes)
+        out = np.bincount(indices, minlength=num_nodes).astype(np.int64)
     else:
-        out = out_degrees.long().clone()
+        out = out_degrees.astype(np.int64, copy=True)
     if fanout < 0:
         return out
-    deg = indptr[1:] - indptr[:-1]
-    big = (deg > fanout).nonzero().squeeze(1)
-    if big.numel() == 0:
+    big = np.flatnonzero(np.diff(indptr) > fanout)
+    if big.size == 0:
         return out
     all_pos, _ = segment_positions(indptr, big)
     _, kept = sample_in_edges(indptr, big, fanout, layer, seed)
-    out -= torch.bincount(indices[all_pos].long(), minlength=num_nodes)
-    out += torch.bincount(indices[kept].long(), minlength=num_nodes)
+    out -= np.bincount(indices[all_pos], minlength=num_nodes)
+    out += np.bincount(indices[kept], minlength=num_nodes)
     return out
 
 
 def plan_frontiers(
-    graph,
-    targets: Tensor,
+    graph: Topology,
+    targets: np.ndarray,
     num_layers: int,
     fanouts: Sequence[int] | None = None,
     seed: int = 0,
@@ -245,7 +286,8 @@ def plan_frontiers(
     """BFS-annotate ``V^L … V^0`` from storage-id ``targets``.
 
     Args:
-        graph: a GraphStore (``indptr``, ``indices``, ``num_nodes``, ``avg_degree``).
+        graph: the graph's topology (``indptr``, ``indices``, ``num_nodes``,
+            ``avg_degree``; a :class:`~.topology.GraphTopology`).
         targets: storage ids (any order, duplicates allowed).
         num_layers: L.
         fanouts: per-layer fanouts (``fanouts[l-1]`` for layer ``l``; -1 = all) for
@@ -259,9 +301,8 @@ def plan_frontiers(
     n = graph.num_nodes
     if fanouts is not None and len(fanouts) != num_layers:
         raise ValueError(f"fanouts has {len(fanouts)} entries; the model has {num_layers} layers")
-    indptr = graph.indptr
-    indices = graph.indices
-    current: Tensor | None = sorted_union(n, targets.long())
+    indptr, indices = graph.indptr, graph.indices
+    current: np.ndarray | None = sorted_union(n, np.asarray(targets, dtype=np.int64))
     layers: list[LayerFrontier] = [LayerFrontier(current)]
     for layer in range(num_layers, 0, -1):
         last = layer == 1 and not input_layer
@@ -269,18 +310,17 @@ def plan_frontiers(
             if last:
                 layers.append(LayerFrontier(None, planned=False))
                 continue
-            if current is None or (shortcut and current.numel() * graph.avg_degree >= n):
+            if current is None or (shortcut and current.size * graph.avg_degree >= n):
                 current = None
             else:
                 pos, _ = segment_positions(indptr, current)
-                nbrs = indices[pos].long()
-                current = sorted_union(n, current, nbrs)
+                current = sorted_union(n, current, indices[pos])
             layers.append(LayerFrontier(current))
         else:
             assert current is not None
             fanout = int(fanouts[layer - 1])
             local, pos = sample_in_edges(indptr, current, fanout, layer, seed)
-            nbrs = indices[pos].long()
+            nbrs = indices[pos].astype(np.int64)
             layers[-1] = LayerFrontier(current, local, nbrs, pos, fanout=fanout, seed=int(seed))
             if last:
                 layers.append(LayerFrontier(None, planned=False))

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hopserve.client.wire import (
+from hopserve.proto.tensors import (
     decode_embeddings,
     decode_indices,
     encode_embeddings,

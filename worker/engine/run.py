@@ -1,0 +1,348 @@
+"""One layer-wise evaluation: its state and the loop over ConvBlocks and their batches.
+
+Call order of :meth:`LayerwiseRun.execute` (DGI Algorithm 2 with §3.3's frontiers)::
+
+    for each ConvBlock (layer order):
+        for each batch (consecutive rows of V^l, BatchSizer thresholds):
+            prepare  [prefetch thread, one batch ahead]: block + inputs (→ device)
+            compute  block.module(block, *inputs); out-of-memory → halve, redo
+            write    outputs → layer storage (device / pinned host / disk memmap)
+        free the values no later block reads
+
+A run owns everything that lives for one evaluation (the plan, the stored values and
+their tiers, the stats, the progress bar); the evaluator owns what outlives it (the
+split, the batch sizers that keep learning, the prefetch thread).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hopserve.proto.contract import LayerStats, RunStats
+from hopserve.worker.engine.batch import PreparedBatch, prepare
+from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
+from hopserve.worker.engine.storage import TierAllocator
+from hopserve.worker.graph.planner import LayerFrontier, Plan
+from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
+from hopserve.worker.trace.splitter import SRC
+
+__all__ = ["OUTPUT_FACTOR", "LayerwiseRun", "RunContext"]
+
+log = logging.getLogger(__name__)
+
+OUTPUT_FACTOR = 4
+"""CPU accounting: a block's destination-row temporaries (aggregates, linear outputs,
+activations) are estimated as this many times its output rows."""
+
+
+@dataclass
+class RunContext:
+    """What a run borrows from its evaluator (it outlives the run)."""
+
+    graph: object  # GraphStore
+    split: ModelSplit
+    device: torch.device
+    memory_budget_bytes: int | None
+    host_memory_budget_bytes: int
+    spill_dir: str | None
+    sizer_for: object  # (ConvBlock, target bytes) -> BatchSizer
+    pool: ThreadPoolExecutor | None  # prefetch thread, or None
+    copy_stream: torch.cuda.Stream | None
+    progress: bool | None
+
+
+class LayerwiseRun:
+    """Runs ``plan`` over every ConvBlock once; :meth:`execute` returns the model output.
+
+    Args:
+        ctx: The evaluator's long-lived parts.
+        plan: Frontiers ``V^0 … V^L`` (numpy, from the planner or a checked job).
+        stats: Where timings and counters go (``planning_s`` already set by the caller).
+        final_positions: For full evaluation of a graph with external IDs: the output row
+            of each storage node (the last layer then writes in external-ID order).
+    """
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        plan: Plan,
+        stats: RunStats,
+        *,
+        final_positions: Tensor | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.plan = plan
+        self.stats = stats
+        self.final_positions = final_positions
+        self.show_progress = show_progress
+        self.allocator = TierAllocator(ctx.device, ctx.host_memory_budget_bytes, ctx.spill_dir)
+        self.stored: dict[str, tuple[Tensor, Tensor | None]] = {}  # name -> (rows, their ids)
+        self.peak = PeakMemory(ctx.device)
+
+    # ------------------------------------------------------------------ blocks
+    def execute(self) -> tuple[Tensor, Tensor | None]:
+        """Every block in order; the model output and its rows (``None`` = all nodes)."""
+        ctx, n = self.ctx, self.ctx.graph.num_nodes
+        split = ctx.split
+        for adapter in split.adapters.values():
+            adapter.prepare(ctx.graph)
+        self.stats.frontier_sizes = self.plan.sizes(n)
+        bar = self._progress_bar()
+        try:
+            for block in split.blocks:
+                self._run_block(block, bar)
+                if ctx.device.type == "cuda":
+                    # Pinned write-outs are async; the next layer's prefetch reads them.
+                    torch.cuda.synchronize(ctx.device)
+                for name in list(self.stored):
+                    if split.last_use.get(name, -1) <= block.index and name != split.output:
+                        self.allocator.release(name, self.stored.pop(name)[0])
+            self.stats.tiers = dict(self.allocator.tiers)
+            return self.stored[split.output]
+        finally:
+            if bar is not None:
+                bar.close()
+            self.allocator.close()
+
+    def _progress_bar(self):  # noqa: ANN202 - tqdm or None
+        if not self.show_progress or self.ctx.progress is False:
+            return None
+        from tqdm.auto import tqdm
+
+        n = self.ctx.graph.num_nodes
+        total = sum(self.plan.layers[b.index].size(n) for b in self.ctx.split.blocks)
+        disable = not sys.stderr.isatty() if self.ctx.progress is None else False
+        return tqdm(total=total, unit="row", desc="layer-wise", disable=disable)
+
+    def _run_block(self, block: ConvBlock, bar) -> None:  # noqa: ANN001 - tqdm or None
+        ctx = self.ctx
+        graph = ctx.graph
+        frontier = self.plan.layers[block.index]
+        rows = None if frontier.nodes is None else torch.from_numpy(frontier.nodes)
+        count = frontier.size(graph.num_nodes)
+        lstats = LayerStats(layer=block.index, rows=count)
+        self.stats.layers.append(lstats)
+        if block.index == 0:
+            degrees = torch.zeros(count, dtype=torch.long)
+        elif frontier.sampled:
+            degrees = torch.from_numpy(frontier.indptr[1:] - frontier.indptr[:-1])
+        elif rows is None:
+            degrees = graph.in_degrees
+        else:
+            degrees = graph.in_degrees[rows]
+        cum = torch.zeros(count + 1, dtype=torch.long)
+        torch.cumsum(degrees, 0, out=cum[1:])
+        sizer: BatchSizer = ctx.sizer_for(block, self.peak.target(ctx.memory_budget_bytes))
+        outputs: dict[str, Tensor] = {}
+        split = ctx.split
+        positions = {split.output: self.final_positions} if self.final_positions is not None else {}
+        gather_free = self._gather_free(block)
+        lstats.gather_free = gather_free
+        self._batches(block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar)
+        for name, t in outputs.items():
+            self.stored[name] = (t, rows)
+
+    def _gather_free(self, block: ConvBlock) -> bool:
+        """Whether every source-row input can be handed over whole (no per-batch gather).
+
+        Needs: only convs read it over source rows and each adapter accepts global
+        sources, and the value is stored for all nodes (indexed by storage id) on the
+        compute device.
+        """
+        specs = [s for s in block.inputs if s.rows == SRC]
+        if not specs or block.index == 0:
+            return False
+        adapters = self.ctx.split.adapters
+        for spec in specs:
+            if spec.src_convs is None or not all(
+                adapters[c].supports_global_src for c in spec.src_convs
+            ):
+                return False
+            if spec.producer == FEATURES:
+                table, rows = self.ctx.graph.features, None
+            else:
+                table, rows = self.stored[spec.name]
+            if rows is not None or table.device != self.ctx.device or table.dtype != torch.float32:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ batches
+    def _batches(
+        self,
+        block: ConvBlock,
+        frontier: LayerFrontier,
+        cum: Tensor,
+        sizer: BatchSizer,
+        outputs: dict[str, Tensor],
+        positions: dict[str, Tensor],
+        gather_free: bool,
+        lstats: LayerStats,
+        bar,  # noqa: ANN001 - tqdm or None
+    ) -> None:
+        """Run ``block`` over all its rows; ``positions`` remaps output rows by value."""
+        ctx, stats = self.ctx, self.stats
+        count = cum.numel() - 1
+        prep = functools.partial(
+            prepare,
+            ctx.graph,
+            ctx.split,
+            block,
+            frontier,
+            stored=self.stored,
+            gather_free=gather_free,
+            device=ctx.device,
+            copy_stream=ctx.copy_stream,
+        )
+
+        def submit(start: int) -> Future | functools.partial:
+            """Prepare rows from ``start`` now on the prefetch thread, or lazily."""
+            end = sizer.next_end(cum, start)
+            if ctx.pool is None:
+                return functools.partial(prep, start, end)
+            return ctx.pool.submit(prep, start, end)
+
+        def result(job: Future | functools.partial) -> PreparedBatch:
+            return job.result() if isinstance(job, Future) else job()
+
+        start = 0
+        out_row_bytes = 0  # learned from the first batch's outputs
+        t = time.perf_counter()
+        job = submit(0) if count else None
+        while start < count:
+            prepared = result(job)
+            stats.prepare_s += time.perf_counter() - t
+            nxt = submit(prepared.end) if prepared.end < count else None
+            num_dst = prepared.end - prepared.start
+            try:
+                outs = self._compute(block, prepared, out_row_bytes, lstats)
+            except Exception as err:
+                if not is_oom(err) or num_dst <= 1:
+                    if isinstance(nxt, Future):
+                        nxt.cancel()
+                    raise
+                lstats.oom_halvings += 1
+                log.info("layer %d: batch of %d rows out of memory; halving", block.index, num_dst)
+                del prepared
+                if ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                sizer.halve()
+                if isinstance(nxt, Future):
+                    nxt.result()  # let the prefetch finish, then drop it
+                t = time.perf_counter()
+                job = submit(start)
+                continue
+            out_bytes = self._write(block, prepared, outs, outputs, positions, count)
+            out_row_bytes = out_bytes // max(1, num_dst)
+            used = self.peak.stop(prepared.bytes_in + OUTPUT_FACTOR * out_bytes)
+            sizer.observe(used)
+            lstats.peak_bytes = max(lstats.peak_bytes, used)
+            lstats.batches += 1
+            lstats.input_nodes += prepared.block.num_dst if gather_free else prepared.block.num_src
+            lstats.edges += prepared.block.num_edges
+            if bar is not None:
+                bar.update(num_dst)
+            start = prepared.end
+            job = nxt
+            t = time.perf_counter()
+
+    def _compute(
+        self, block: ConvBlock, prepared: PreparedBatch, out_row_bytes: int, lstats: LayerStats
+    ) -> tuple[Tensor, ...]:
+        """Wait for the batch's copies, check the CPU budget, run the block module."""
+        ctx, stats = self.ctx, self.stats
+        t = time.perf_counter()
+        if prepared.event is not None:
+            stream = torch.cuda.current_stream(ctx.device)
+            stream.wait_event(prepared.event)
+            blk = prepared.block
+            for x in (*prepared.inputs, blk.src_nodes, blk.indptr, blk.src_index, blk.edge_ids):
+                x.record_stream(stream)
+        stats.transfer_s += time.perf_counter() - t
+        num_dst = prepared.end - prepared.start
+        predicted = prepared.bytes_in + OUTPUT_FACTOR * out_row_bytes * num_dst
+        budget = self.peak.budget(ctx.memory_budget_bytes)
+        if ctx.device.type != "cuda" and num_dst > 1 and predicted > budget:
+            raise BatchOutOfMemory(
+                f"batch of {num_dst} rows needs ~{predicted} bytes > budget {budget}"
+            )
+        t = time.perf_counter()
+        self.peak.start()
+        with torch.no_grad():
+            outs = block.module(prepared.block, *prepared.inputs)
+        if ctx.device.type == "cuda":
+            torch.cuda.current_stream(ctx.device).synchronize()
+        dt = time.perf_counter() - t
+        stats.compute_s += dt
+        lstats.compute_s += dt
+        return outs
+
+    def _write(
+        self,
+        block: ConvBlock,
+        prepared: PreparedBatch,
+        outs: tuple[Tensor, ...],
+        outputs: dict[str, Tensor],
+        positions: dict[str, Tensor],
+        count: int,
+    ) -> int:
+        """Store the batch's outputs in their layer tensors; the bytes written."""
+        t = time.perf_counter()
+        out_bytes = 0
+        for name, out in zip(block.outputs, outs, strict=True):
+            if name not in outputs:
+                shape = (count, *out.shape[1:])
+                outputs[name] = self.allocator.allocate(name, shape, out.dtype)
+            dest = outputs[name]
+            if name in positions:
+                rows_out = positions[name][prepared.start : prepared.end]
+                dest.index_copy_(0, rows_out.to(dest.device), out.to(dest.device))
+            else:
+                dest[prepared.start : prepared.end].copy_(
+                    out, non_blocking=dest.device.type == "cpu" and dest.is_pinned()
+                )
+            out_bytes += out.numel() * out.element_size()
+        self.stats.write_out_s += time.perf_counter() - t
+        return out_bytes
+
+
+def evaluate_plan(
+    ctx: RunContext,
+    plan: Plan,
+    storage_targets: Tensor | None,
+    stats: RunStats,
+    started: float,
+    *,
+    show_progress: bool = False,
+) -> Tensor:
+    """Run ``plan`` and gather the rows of ``storage_targets`` (in that order; ``None``:
+    every node in ascending external-ID order). CPU tensor ``[len, d_out]``."""
+    from hopserve.worker.engine.batch import row_positions
+
+    graph = ctx.graph
+    scatter = None  # full evaluation: the last layer writes rows in external-ID order
+    if storage_targets is None and graph.node_ids is not None:
+        order = graph.sorted_external_order()
+        scatter = torch.empty_like(order)
+        scatter[order] = torch.arange(order.numel())
+    run = LayerwiseRun(ctx, plan, stats, final_positions=scatter, show_progress=show_progress)
+    final, final_rows = run.execute()
+    t = time.perf_counter()
+    if storage_targets is None:
+        out = final
+    else:
+        pos = row_positions(final_rows, storage_targets, "the last layer's frontier V^L")
+        out = final.index_select(0, pos.to(final.device))
+    out = out.cpu() if out.device.type != "cpu" else out
+    stats.write_out_s += time.perf_counter() - t
+    stats.total_s = time.perf_counter() - started
+    stats.device = str(ctx.device)
+    return out
