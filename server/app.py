@@ -375,6 +375,12 @@ async def _make_workers(config: HopserveConfig, metrics: Metrics) -> _Workers:
         if device not in local:
             try:
                 local[device] = await asyncio.to_thread(make_worker, device)
+            except ImportError as err:  # a front-end-only install (no torch)
+                raise ConfigError(
+                    "server.workers is empty, so the models would run in this process, which "
+                    f"needs the engine ({err}): install hopserve[serve] (with torch), or list "
+                    "remote workers in server.workers"
+                ) from None
             except (RuntimeError, ValueError) as err:
                 raise ConfigError(
                     f"model {model_cfg.name!r}: cannot start a worker on device {device!r}: {err}"

@@ -282,7 +282,14 @@ def dockerfile(name: str) -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.frontend", "Dockerfile.worker"])
+EXTRAS = {
+    "Dockerfile.frontend": "frontend",  # no torch
+    "Dockerfile.cpu": "serve,pyg",
+    "Dockerfile.worker": "serve,pyg",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRAS))
 def test_dockerfile_copies_the_package_and_runs_the_cli(name: str) -> None:
     import json
 
@@ -298,7 +305,8 @@ def test_dockerfile_copies_the_package_and_runs_the_cli(name: str) -> None:
     folders = set(re.findall(r'"hopserve(?:\.\w+)?": "(\w+)"', setup))
     assert folders <= copied, f"{name}: package folders not copied: {folders - copied}"
     assert {"pyproject.toml", "setup.py", "README.md"} <= copied
-    assert any(op == "RUN" and 'pip install ".[serve,pyg]"' in args for op, args in instructions)
+    extras = EXTRAS[name]
+    assert any(op == "RUN" and f'pip install ".[{extras}]"' in args for op, args in instructions)
     (cmd,) = [json.loads(args) for op, args in instructions if op == "CMD"]
     parse_cli(cmd)
     ignore = (DEPLOY / "docker" / f"{name}.dockerignore").read_text().split()
@@ -306,12 +314,25 @@ def test_dockerfile_copies_the_package_and_runs_the_cli(name: str) -> None:
     assert {f"!{source}" for source in copied} <= set(ignore)
 
 
-def test_frontend_torch_pin_matches_the_makefile() -> None:
+def test_cpu_image_torch_pin_matches_the_makefile() -> None:
     (makefile_pin,) = re.findall(r"^TORCH\s*\?=\s*torch==(\S+)$",
                                  (ROOT / "Makefile").read_text(), re.M)  # fmt: skip
-    args = dict(a.split("=", 1) for op, a in dockerfile("Dockerfile.frontend") if op == "ARG")
+    args = dict(a.split("=", 1) for op, a in dockerfile("Dockerfile.cpu") if op == "ARG")
     assert args["TORCH_VERSION"] == makefile_pin
-    assert any("download.pytorch.org/whl/cpu" in a for op, a in dockerfile("Dockerfile.frontend"))
+    assert any("download.pytorch.org/whl/cpu" in a for op, a in dockerfile("Dockerfile.cpu"))
+
+
+def test_frontend_image_has_no_torch() -> None:
+    """The front-end needs no torch (tests/server/e2e/test_torch_free.py): its image has
+    none, and its extra pulls none in."""
+    import tomllib
+
+    text = " ".join(a for _, a in dockerfile("Dockerfile.frontend"))
+    assert "torch" not in text.replace("'torch'", "").replace("torch in the", "")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    frontend = extras["optional-dependencies"]["frontend"]
+    assert not [d for d in frontend if d.split("[")[0].split(">")[0] in ("torch", "hopserve")]
+    assert all("torch" not in d for d in extras["dependencies"] + frontend)
 
 
 def test_worker_image_is_a_cuda_pytorch_image() -> None:
