@@ -22,12 +22,11 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from hopserve.client import _health
-from hopserve.client._base import Deadline, EmbeddingClientBase, Query
+from hopserve.client._base import EmbeddingClientBase
+from hopserve.client._query import Deadline, Query
 from hopserve.client.errors import from_rpc_error
 from hopserve.client.results import EmbeddingResult, ModelInfo
 from hopserve.proto.v1 import embedding_pb2 as pb
-from hopserve.proto.v1 import embedding_pb2_grpc
 
 __all__ = ["AsyncEmbeddingClient"]
 
@@ -39,29 +38,7 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
     per event loop.
     """
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        timeout: float | None = 10.0,
-        max_retries: int = 4,
-        backoff_base: float = 0.05,
-        backoff_max: float = 2.0,
-        max_nodes_per_request: int = 50_000,
-        channel_options: Sequence[tuple[str, Any]] | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(
-            target,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            max_nodes_per_request=max_nodes_per_request,
-            channel_options=channel_options,
-            credentials=credentials,
-        )
-        self._channel: grpc.aio.Channel | None = None
+    def _init_channel(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _ensure_channel(self) -> None:
@@ -72,19 +49,8 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
                     f"{type(self).__name__} is bound to the event loop it was first used in"
                 )
             return
-        if self._credentials is None:
-            self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options)
-        else:
-            self._channel = grpc.aio.secure_channel(
-                self._target, self._credentials, self._channel_options
-            )
+        self._open_channel(grpc.aio)
         self._loop = loop
-        self._stub = embedding_pb2_grpc.EmbeddingServiceStub(self._channel)
-        self._health_check = self._channel.unary_unary(
-            _health.CHECK_METHOD,
-            request_serializer=_health.HealthCheckRequest.SerializeToString,
-            response_deserializer=_health.HealthCheckResponse.FromString,
-        )
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -182,12 +148,12 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
     async def health(self, model: str | None = None, *, timeout: float | None = None) -> bool:
         """See :meth:`EmbeddingClient.health`."""
         deadline = self._deadline(timeout)
-        request = _health.HealthCheckRequest(service=self._health_service(model))
+        request = self._health_request(model)
         try:
             resp = await self._health_check(request, timeout=deadline.rpc_timeout())
         except grpc.RpcError as err:
             return self._health_failure(err)
-        return resp.status == _health.SERVING
+        return self._serving(resp)
 
     async def wait_until_ready(
         self, timeout: float | None = None, *, model: str | None = None

@@ -19,12 +19,11 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from hopserve.client import _health
-from hopserve.client._base import Deadline, EmbeddingClientBase, Query
+from hopserve.client._base import EmbeddingClientBase
+from hopserve.client._query import Deadline, Query
 from hopserve.client.errors import from_rpc_error
 from hopserve.client.results import EmbeddingResult, ModelInfo
 from hopserve.proto.v1 import embedding_pb2 as pb
-from hopserve.proto.v1 import embedding_pb2_grpc
 
 __all__ = ["EmbeddingClient"]
 
@@ -32,50 +31,11 @@ __all__ = ["EmbeddingClient"]
 class EmbeddingClient(EmbeddingClientBase):
     """Blocking client of ``hopserve.v1.EmbeddingService``; thread-safe.
 
-    Args:
-        target: Server address, ``"host:port"``.
-        timeout: Default deadline of one call in seconds (all RPCs and retries of it);
-            None waits forever. Each method's ``timeout`` overrides it.
-        max_retries: Retries on UNAVAILABLE / RESOURCE_EXHAUSTED after the first attempt.
-        backoff_base: First backoff cap in seconds (exponential, full jitter).
-        backoff_max: Largest backoff cap in seconds.
-        max_nodes_per_request: Most node IDs per RPC; larger calls are split.
-        channel_options: Extra gRPC channel options (override the defaults by key).
-        credentials: TLS channel credentials; None for plaintext.
+    Constructor arguments: see :class:`~hopserve.client._base.EmbeddingClientBase`.
     """
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        timeout: float | None = 10.0,
-        max_retries: int = 4,
-        backoff_base: float = 0.05,
-        backoff_max: float = 2.0,
-        max_nodes_per_request: int = 50_000,
-        channel_options: Sequence[tuple[str, Any]] | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(
-            target,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            max_nodes_per_request=max_nodes_per_request,
-            channel_options=channel_options,
-            credentials=credentials,
-        )
-        if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=self._channel_options)
-        else:
-            self._channel = grpc.secure_channel(target, credentials, self._channel_options)
-        self._stub = embedding_pb2_grpc.EmbeddingServiceStub(self._channel)
-        self._health_check = self._channel.unary_unary(
-            _health.CHECK_METHOD,
-            request_serializer=_health.HealthCheckRequest.SerializeToString,
-            response_deserializer=_health.HealthCheckResponse.FromString,
-        )
+    def _init_channel(self) -> None:
+        self._open_channel(grpc)
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -212,12 +172,12 @@ class EmbeddingClient(EmbeddingClientBase):
         other failures (e.g. UNIMPLEMENTED) raise :class:`HopserveError`.
         """
         deadline = self._deadline(timeout)
-        request = _health.HealthCheckRequest(service=self._health_service(model))
+        request = self._health_request(model)
         try:
             resp = self._health_check(request, timeout=deadline.rpc_timeout())
         except grpc.RpcError as err:
             return self._health_failure(err)
-        return resp.status == _health.SERVING
+        return self._serving(resp)
 
     def wait_until_ready(self, timeout: float | None = None, *, model: str | None = None) -> None:
         """Block until :meth:`health` is True, polling with backoff.
