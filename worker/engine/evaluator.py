@@ -35,7 +35,8 @@ from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.engine.self_check import check_split
 from hopserve.worker.engine.settings import INIT_BATCH_NODES
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers
-from hopserve.worker.trace.blocks import ConvBlock, ModelSplit, split_model
+from hopserve.worker.trace.blocks import ConvBlock, ModelSplit
+from hopserve.worker.trace.split import split_model
 
 __all__ = ["LayerwiseEvaluator", "default_prefetch"]
 

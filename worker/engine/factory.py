@@ -85,12 +85,12 @@ def make_evaluator(
 
     Raises:
         ModelTraceError: the model cannot be split and ``fallback`` is ``"error"``; a
-            :class:`~hopserve.worker.trace.blocks.FeatureWidthError` always (a wrong
+            :class:`~hopserve.worker.trace.probe.FeatureWidthError` always (a wrong
             config is not a reason to fall back).
         ValueError: an unknown ``fallback``.
     """
     from hopserve.worker.engine.evaluator import LayerwiseEvaluator
-    from hopserve.worker.trace.blocks import FeatureWidthError
+    from hopserve.worker.trace.probe import FeatureWidthError
     from hopserve.worker.trace.tracer import ModelTraceError
 
     if fallback not in ("error", "nodewise"):

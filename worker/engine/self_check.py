@@ -40,7 +40,7 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         reads_v0: Whether plans annotate ``V^0`` (a node-wise block 0).
     """
     from hopserve.worker.graph.store import GraphStore
-    from hopserve.worker.trace.blocks import call_model, probe_edge_index
+    from hopserve.worker.trace.probe import call_model, probe_edge_index
 
     ei, n = probe_edge_index(model, split.style)
     gen = torch.Generator().manual_seed(11)

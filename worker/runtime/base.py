@@ -399,7 +399,7 @@ def _output_dim(evaluator: Evaluator) -> int:
     """
     from hopserve.worker.convs.base import fresh_conv_caches
     from hopserve.worker.engine.nodewise import model_style
-    from hopserve.worker.trace.blocks import call_model, probe_edge_index
+    from hopserve.worker.trace.probe import call_model, probe_edge_index
 
     split = getattr(evaluator, "split", None)
     style = split.style if split is not None else model_style(evaluator.model)

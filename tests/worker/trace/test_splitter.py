@@ -102,7 +102,7 @@ def test_feature_width_mismatch_names_both_widths_and_the_layer():
     """Regression: a graph whose features are narrower than the model's first layer gave
     a bare matmul error; the fallback must not hide it either."""
     from hopserve.examples import GCN
-    from hopserve.worker.trace.blocks import FeatureWidthError
+    from hopserve.worker.trace import FeatureWidthError
 
     store = GraphStore.from_edge_index(random_edge_index(30, 90), torch.randn(30, 1000))
     for fallback in ("error", "nodewise"):

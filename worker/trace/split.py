@@ -1,0 +1,273 @@
+"""``split_model``: the user's model → ConvBlocks (DGI §3.1–3.2).
+
+trace (:mod:`.tracer`) → probe run (:mod:`.probe`: which values are per-node tensors) →
+partition (:mod:`.splitter`: which block each op runs in, on which rows) → code
+generation here: one ``fx.GraphModule`` per block, with convs replaced by their adapters
+(:mod:`hopserve.worker.convs`), described by the schema of :mod:`.blocks`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import fx, nn
+
+from hopserve.worker.convs.base import UnsupportedConvError, fresh_conv_caches
+from hopserve.worker.convs.registry import adapter_for
+from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
+from hopserve.worker.trace.probe import (
+    FeatureWidthError,
+    input_width_mismatch,
+    probe_edge_index,
+    probe_facts,
+)
+from hopserve.worker.trace.splitter import DST, SRC, NodeFacts, partition
+from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line, trace_model
+
+
+def split_model(
+    model: nn.Module, feature_dim: int, dtype: torch.dtype = torch.float32
+) -> ModelSplit:
+    """Trace ``model`` and split it into ConvBlocks.
+
+    Args:
+        model: the user's unmodified model (put in eval mode).
+        feature_dim: width of the input node features (for the probe run).
+        dtype: feature dtype fed to the model.
+
+    Raises:
+        ModelTraceError: naming the module or source line that prevents layer-wise
+            evaluation.
+    """
+    traced = trace_model(model)
+    ei, n = probe_edge_index(model, traced.style)
+    x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    try:
+        with fresh_conv_caches(model):
+            facts, _ = probe_facts(traced, x, ei)
+    except ModelTraceError:
+        raise
+    except Exception as err:
+        mismatch = input_width_mismatch(traced, feature_dim)
+        if mismatch is not None:
+            raise FeatureWidthError(mismatch) from err
+        raise ModelTraceError(
+            f"{type(model).__name__} failed on a probe graph with {feature_dim}-dim features: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    return _build_blocks(traced, facts)
+
+
+def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
+    """The feature argument of a conv call; refuse extra tensor arguments."""
+    module = traced.conv_module(node)
+    sig = inspect.signature(module.forward)
+    try:
+        bound = sig.bind(*node.args, **node.kwargs)
+    except TypeError as err:
+        raise ModelTraceError(f"conv '{node.target}' at {source_line(node)}: {err}") from err
+    # The graph argument may come first (DGL: ``conv(graph, h)``) or second (PyG).
+    params = [
+        (name, val)
+        for name, val in bound.arguments.items()
+        if not (
+            isinstance(val, fx.Node) and val.op == "placeholder" and val.target == traced.graph_arg
+        )
+    ]
+    if not params:
+        raise ModelTraceError(f"conv '{node.target}' at {source_line(node)} has no input")
+    x_name, x_val = params[0]
+    for name, val in params[1:]:
+        is_graph = isinstance(val, fx.Node) and val.op == "placeholder"
+        if is_graph or val is None or val is sig.parameters[name].default:
+            continue
+        raise ModelTraceError(
+            f"conv '{node.target}' at {source_line(node)} is called with argument "
+            f"'{name}'; only (x, edge_index) calls are supported (edge features are not yet)"
+        )
+    if not isinstance(x_val, fx.Node):
+        raise ModelTraceError(
+            f"conv '{node.target}' at {source_line(node)}: its input '{x_name}' must be one "
+            "tensor (pair inputs are built by the engine)"
+        )
+    return x_val
+
+
+def _build_blocks(traced: TracedModel, facts: dict[fx.Node, NodeFacts]) -> ModelSplit:
+    graph = traced.gm.graph
+    feature_node = next(
+        n for n in graph.nodes if n.op == "placeholder" and n.target == traced.feature_arg
+    )
+    conv_nodes = set(traced.conv_nodes)
+    part = partition(graph, feature_node, conv_nodes, facts)
+    output = next(n for n in graph.nodes if n.op == "output")
+    out_value = output.args[0]
+    assert isinstance(out_value, fx.Node)
+
+    # One adapter per conv *module* (weight sharing across layers keeps one adapter).
+    root = nn.Module()
+    root.add_module("model", traced.gm)
+    adapters = nn.ModuleDict()
+    adapter_names: dict[str, str] = {}
+    conv_x: dict[fx.Node, fx.Node] = {}
+    for c in traced.conv_nodes:
+        conv_x[c] = _conv_x_arg(traced, c)
+        qual = str(c.target)
+        if qual not in adapter_names:
+            name = f"a{len(adapter_names)}"
+            try:
+                adapters[name] = adapter_for(traced.conv_module(c), qual)
+            except UnsupportedConvError as err:
+                raise ModelTraceError(f"{err} (used at {source_line(c)})") from err
+            adapter_names[qual] = name
+    root.add_module("adapters", adapters)
+
+    feature_order = [n for n in graph.nodes if n in part.block_of and n.op != "output"]
+    num_blocks = part.num_layers + 1
+    blocks: list[ConvBlock] = []
+    last_use: dict[str, int] = {}
+    for m in range(num_blocks):
+        members = [n for n in feature_order if part.block_of[n] == m and n is not feature_node]
+        if not members:
+            continue
+        gen = _BlockCodegen(m, members, part, facts, conv_nodes, conv_x, adapter_names)
+        inputs = gen.add_inputs(feature_order, feature_node, output)
+        for spec in inputs:
+            last_use[spec.name] = m
+        convs = gen.add_members()
+        gen.conv_only_readers(inputs)
+        outs = [
+            n
+            for n in members
+            if n is out_value
+            or any(part.block_of.get(u, -2) > m for u in n.users if u is not output)
+        ]
+        gm = gen.finish(root, outs)
+        blocks.append(ConvBlock(m, gm, inputs, [n.name for n in outs], convs))
+
+    split = ModelSplit(
+        blocks=blocks,
+        output=out_value.name,
+        num_layers=part.num_layers,
+        adapters={q: adapters[a] for q, a in adapter_names.items()},
+        last_use=last_use,
+        style=traced.style,
+    )
+    split.last_use[out_value.name] = num_blocks
+    return split
+
+
+class _BlockCodegen:
+    """Emits one block's fx graph: inputs, copied ops, adapters for convs, dst slices."""
+
+    def __init__(self, index, members, part, facts, conv_nodes, conv_x, adapter_names) -> None:
+        self.index = index
+        self.members = members
+        self.member_set = set(members)
+        self.part = part
+        self.facts = facts
+        self.conv_nodes = conv_nodes
+        self.conv_x = conv_x
+        self.adapter_names = adapter_names
+        self.g = fx.Graph()
+        self.blk = self.g.placeholder("block")
+        self.env: dict[fx.Node, fx.Node] = {}
+        self.sliced: dict[fx.Node, fx.Node] = {}
+        self.consts: dict[fx.Node, fx.Node] = {}
+        self.input_rows: dict[str, str] = {}
+        self.placeholders: list[fx.Node] = []
+
+    def need(self, user: fx.Node) -> str:
+        """Rows ``user`` reads its feature inputs on."""
+        return SRC if user in self.conv_nodes else self.part.rows_of[user]
+
+    def rows(self, value: fx.Node) -> str:
+        if value in self.member_set:
+            return self.part.rows_of[value]
+        return self.input_rows[value.name]
+
+    def add_inputs(self, order, feature_node, output) -> list[BlockInput]:
+        """Placeholders for feature-dependent values produced outside this block."""
+        inputs = []
+        for n in order:
+            if n in self.member_set or n is output:
+                continue
+            readers = [u for u in n.users if u in self.member_set]
+            if not readers:
+                continue
+            if self.facts[n].bundle:
+                raise ModelTraceError(
+                    f"'{n.name}' at {source_line(n)} crosses layers but is "
+                    "not a tensor; cannot store it between layers"
+                )
+            rows = SRC if any(self.need(u) == SRC for u in readers) else DST
+            producer = FEATURES if n is feature_node else self.part.block_of[n]
+            inputs.append(BlockInput(n.name, producer, rows))
+            self.input_rows[n.name] = rows
+            self.env[n] = self.g.placeholder(f"in_{n.name}")
+            self.placeholders.append(self.env[n])
+        return inputs
+
+    def _copy(self, node: fx.Node, lookup) -> fx.Node:
+        new = self.g.node_copy(node, lookup)
+        if new.op in ("get_attr", "call_module"):
+            new.target = f"model.{new.target}"
+        return new
+
+    def _const(self, a: fx.Node) -> fx.Node:
+        if a not in self.consts:
+            self.consts[a] = self._copy(a, self._const)
+        return self.consts[a]
+
+    def _arg(self, user: fx.Node, a: fx.Node) -> fx.Node:
+        if a not in self.env:
+            # The graph input (only convs take it) or a feature-independent constant.
+            return self.blk if a.op == "placeholder" else self._const(a)
+        if self.need(user) == DST and self.rows(a) == SRC and self.facts[a].row:
+            if a not in self.sliced:
+                self.sliced[a] = self.g.call_function(dst_rows, (self.env[a], self.blk))
+            return self.sliced[a]
+        return self.env[a]
+
+    def add_members(self) -> list[str]:
+        """Copy the block's ops in order; convs become adapter calls. Returns conv names."""
+        convs = []
+        for n in self.members:
+            if n in self.conv_nodes:
+                x_in = self._arg(n, self.conv_x[n])
+                target = f"adapters.{self.adapter_names[str(n.target)]}"
+                self.env[n] = self.g.call_module(target, (x_in, self.blk))
+                convs.append(str(n.target))
+            else:
+                self.env[n] = self._copy(n, lambda a, n=n: self._arg(n, a))
+        return convs
+
+    def conv_only_readers(self, inputs: list[BlockInput]) -> None:
+        """Fill ``src_convs`` of source-row inputs read over source rows by convs only."""
+        adapter_to_conv = {f"adapters.{a}": q for q, a in self.adapter_names.items()}
+        for spec, node in zip(inputs, self.placeholders, strict=True):
+            if spec.rows != SRC:
+                continue
+            convs = []
+            for user in node.users:
+                if user.op == "call_module" and user.target in adapter_to_conv:
+                    convs.append(adapter_to_conv[user.target])
+                elif not (user.op == "call_function" and user.target is dst_rows):
+                    break
+            else:
+                spec.src_convs = tuple(convs)
+
+    def finish(self, root: nn.Module, outs: list[fx.Node]) -> fx.GraphModule:
+        """Emit outputs (destination rows) and build the module over ``root``."""
+        values = []
+        for n in outs:
+            v = self.env[n]
+            if self.part.rows_of[n] == SRC:
+                v = self.g.call_function(dst_rows, (v, self.blk))
+            values.append(v)
+        self.g.output(tuple(values))
+        return fx.GraphModule(root, self.g, f"ConvBlock{self.index}")
+
+
+__all__ = ["split_model"]
