@@ -5,8 +5,8 @@
     python deploy/grafana/build_dashboards.py          # rewrite the JSON files
     python deploy/grafana/build_dashboards.py --check  # exit 1 if they are out of date
 
-The dashboards are data (typed dataclasses below), rendered to Grafana's dashboard JSON
-(schema 39, Grafana 10/11). Edit this file, regenerate, commit both: a test fails when
+The dashboards are data (the typed model of ``grafana_json.py``), rendered to Grafana's
+dashboard JSON (schema 39, Grafana 10/11). Edit this file, regenerate, commit both: a test fails when
 the committed JSON differs from what this script writes, and another evaluates every
 panel query against a real Prometheus scraping a live hopserve.
 
@@ -22,70 +22,21 @@ Conventions (checked by ``tests/deploy``):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import yaml
+from grafana_json import Dashboard, Panel, Query, Row, dump
 
 HERE = Path(__file__).resolve().parent
 OUT_DIR = HERE / "dashboards"
 DEPLOY_CONFIG = HERE.parent / "hopserve.yaml"
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 M = 'model=~"$model"'
 RATE = "$__rate_interval"
 EMBED = 'method=~"GetEmbeddings|StreamEmbeddings"'
 # Outcomes that are the caller's doing (bad IDs, unknown model, caller went away).
 CLIENT_OUTCOMES = "ok|invalid_argument|not_found|cancelled"
-
-PanelKind = Literal["timeseries", "stat"]
-
-
-@dataclass(frozen=True)
-class Query:
-    """One PromQL target of a panel."""
-
-    expr: str
-    legend: str = ""
-
-
-@dataclass(frozen=True)
-class Panel:
-    """A timeseries or stat panel; ``width`` in grid units (24 per row)."""
-
-    title: str
-    queries: tuple[Query, ...]
-    description: str = ""
-    unit: str = "short"
-    kind: PanelKind = "timeseries"
-    width: int = 8
-    height: int = 8
-    stack: bool = False
-    min: float | None = 0
-    max: float | None = None
-    thresholds: tuple[tuple[float, str], ...] = ()
-    """``(value, color)`` steps above the base (green); drawn as lines on timeseries."""
-    decimals: int | None = None
-
-
-@dataclass(frozen=True)
-class Row:
-    title: str
-    panels: tuple[Panel, ...]
-
-
-@dataclass(frozen=True)
-class Dashboard:
-    uid: str
-    title: str
-    description: str
-    rows: tuple[Row, ...]
-    tags: tuple[str, ...] = ("hopserve",)
-    extra_tags: tuple[str, ...] = field(default=())
-
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -400,185 +351,6 @@ def cache() -> Dashboard:
 DASHBOARDS = {"overview": overview, "engine": engine, "cache": cache}
 
 
-# ---------------------------------------------------------------------------- JSON
-
-
-def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": color, "value": value} for value, color in panel.thresholds]
-    defaults: dict[str, Any] = {
-        "unit": panel.unit,
-        "color": {"mode": "palette-classic" if panel.kind == "timeseries" else "thresholds"},
-        "thresholds": {"mode": "absolute", "steps": steps},
-    }
-    if panel.min is not None:
-        defaults["min"] = panel.min
-    if panel.max is not None:
-        defaults["max"] = panel.max
-    if panel.decimals is not None:
-        defaults["decimals"] = panel.decimals
-    if panel.kind == "timeseries":
-        defaults["custom"] = {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 25 if panel.stack else 10,
-            "showPoints": "never",
-            "spanNulls": False,
-            "stacking": {"group": "A", "mode": "normal" if panel.stack else "none"},
-            "thresholdsStyle": {"mode": "line" if panel.thresholds else "off"},
-        }
-        options: dict[str, Any] = {
-            "legend": {"calcs": [], "displayMode": "list", "placement": "bottom",
-                       "showLegend": True},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        }  # fmt: skip
-    else:
-        options = {
-            "colorMode": "value",
-            "graphMode": "area",
-            "justifyMode": "auto",
-            "orientation": "auto",
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "textMode": "auto",
-        }
-    targets = [
-        {
-            "datasource": DATASOURCE,
-            "expr": query.expr,
-            "legendFormat": query.legend or "__auto",
-            "range": True,
-            "refId": chr(ord("A") + i),
-        }
-        for i, query in enumerate(panel.queries)
-    ]
-    return {
-        "datasource": DATASOURCE,
-        "description": panel.description,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-        "id": panel_id,
-        "options": options,
-        "targets": targets,
-        "title": panel.title,
-        "type": panel.kind,
-    }
-
-
-def _layout(dashboard: Dashboard) -> list[dict[str, Any]]:
-    panels: list[dict[str, Any]] = []
-    y = 0
-    next_id = 1
-    for row in dashboard.rows:
-        panels.append({
-            "collapsed": False,
-            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
-            "id": next_id,
-            "panels": [],
-            "title": row.title,
-            "type": "row",
-        })  # fmt: skip
-        next_id += 1
-        y += 1
-        x = 0
-        line_height = 0
-        for panel in row.panels:
-            if x + panel.width > 24:
-                x, y, line_height = 0, y + line_height, 0
-            panels.append(_panel_json(panel, next_id, x, y))
-            next_id += 1
-            x += panel.width
-            line_height = max(line_height, panel.height)
-        y += line_height
-    return panels
-
-
-def _templating() -> dict[str, Any]:
-    return {
-        "list": [
-            {
-                "current": {},
-                "hide": 0,
-                "includeAll": False,
-                "label": "Data source",
-                "multi": False,
-                "name": "datasource",
-                "options": [],
-                "query": "prometheus",
-                "refresh": 1,
-                "regex": "",
-                "type": "datasource",
-            },
-            {
-                "allValue": ".+",
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-                "datasource": DATASOURCE,
-                "definition": "label_values(hopserve_model_ready, model)",
-                "hide": 0,
-                "includeAll": True,
-                "label": "Model",
-                "multi": True,
-                "name": "model",
-                "options": [],
-                "query": "label_values(hopserve_model_ready, model)",
-                "refresh": 2,
-                "regex": "",
-                "sort": 1,
-                "type": "query",
-            },
-        ]
-    }
-
-
-def render(dashboard: Dashboard) -> dict[str, Any]:
-    """The dashboard as Grafana JSON (what the provisioning provider loads)."""
-    return {
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                }
-            ]
-        },
-        "description": dashboard.description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "links": [
-            {
-                "asDropdown": False,
-                "icon": "external link",
-                "includeVars": True,
-                "keepTime": True,
-                "tags": ["hopserve"],
-                "title": "hopserve",
-                "type": "dashboards",
-            }
-        ],
-        "panels": _layout(dashboard),
-        "refresh": "30s",
-        "schemaVersion": 39,
-        "tags": list(dashboard.tags),
-        "templating": _templating(),
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "title": dashboard.title,
-        "uid": dashboard.uid,
-        "version": 1,
-    }
-
-
-def dump(dashboard: Dashboard) -> str:
-    """Stable text of the JSON file (sorted keys, 2-space indent, final newline)."""
-    return json.dumps(render(dashboard), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
 def generated() -> dict[Path, str]:
     """``{path: text}`` of every dashboard file this script writes."""
     return {OUT_DIR / f"{name}.json": dump(build()) for name, build in DASHBOARDS.items()}
@@ -596,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         stale.append(path)
         if not args.check:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            partial = path.with_suffix(".json.tmp")
+            partial.write_text(text)
+            partial.replace(path)  # atomic: Grafana never loads a half-written file
             print(f"wrote {path}")
     if args.check and stale:
         names = ", ".join(str(p) for p in stale)
