@@ -38,12 +38,17 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hopserve.server.batch_queue import (
+    PendingBatch,
+    PendingGroup,
+    PendingPart,
+    PendingRequest,
+)
 from hopserve.server.errors import DeadlineExceededError, QueueFullError, ShuttingDownError
 from hopserve.server.metrics import Metrics
 from hopserve.server.timing import StageTimes
@@ -99,51 +104,6 @@ BatchRunner = Callable[[np.ndarray, BatchKey, float], Awaitable[BatchRun]]
 """
 
 
-@dataclass(eq=False)
-class _Request:
-    uniq: np.ndarray  # unique ascending storage ids
-    deadline: float
-    enqueued: float
-    parts_left: int = 0  # parts not dispatched yet
-    dispatched_at: float | None = None
-
-
-@dataclass(eq=False)
-class _Part:
-    request: _Request
-    ids: np.ndarray  # a contiguous slice of request.uniq
-    future: asyncio.Future[tuple[np.ndarray, BatchRun]]
-    arrival: float
-    batch: _Batch | None = None
-
-    @property
-    def live(self) -> bool:
-        return not self.future.done()
-
-
-@dataclass(eq=False)
-class _Group:
-    key: BatchKey
-    parts: deque[_Part] = field(default_factory=deque)
-    # Targets over the pending parts, counted with multiplicity: an upper bound of their
-    # union, cheap to keep. A group is full when it reaches max_batch_targets; overlap
-    # only makes it dispatch a little earlier (taking everything pending that fits).
-    targets: int = 0
-
-    def first_arrival(self) -> float:
-        return self.parts[0].arrival
-
-    def recount(self) -> None:
-        self.parts = deque(p for p in self.parts if p.live)
-        self.targets = sum(len(p.ids) for p in self.parts)
-
-
-@dataclass(eq=False)
-class _Batch:
-    parts: list[_Part]
-    task: asyncio.Task[None] | None = None
-
-
 class Batcher:
     """Per-model dynamic batcher in front of a :data:`BatchRunner`.
 
@@ -190,7 +150,7 @@ class Batcher:
         self.max_inflight = int(max_inflight)
         self.stall_after_s = float(stall_after_s)
         self._metrics = metrics
-        self._groups: dict[BatchKey, _Group] = {}
+        self._groups: dict[BatchKey, PendingGroup] = {}
         self._depth = 0
         self._wakeup = asyncio.Event()
         # Batch tasks holding a slot: added when created, removed by their done-callback.
@@ -256,15 +216,15 @@ class Batcher:
         self._ensure_loop()
         if self._depth == 0 and not self._running:  # idle until now: nothing is late yet
             self._last_progress = now
-        request = _Request(uniq, deadline, now)
+        request = PendingRequest(uniq, deadline, now)
         parts = [
-            _Part(request, uniq[i : i + self.max_batch_targets], loop.create_future(), now)
+            PendingPart(request, uniq[i : i + self.max_batch_targets], loop.create_future(), now)
             for i in range(0, len(uniq), self.max_batch_targets)
         ]
         request.parts_left = len(parts)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(key)
+            group = self._groups[key] = PendingGroup(key)
         group.parts.extend(parts)
         group.targets += len(uniq)
         self._set_depth(self._depth + 1)
@@ -289,9 +249,9 @@ class Batcher:
 
     def _assemble(
         self,
-        parts: list[_Part],
+        parts: list[PendingPart],
         results: list[tuple[np.ndarray, BatchRun]],
-        request: _Request,
+        request: PendingRequest,
         back: np.ndarray | None,
     ) -> BatchReply:
         """The request's rows: its parts' in order (they tile its unique ids), gathered
@@ -308,7 +268,7 @@ class Batcher:
             runs=tuple(run for _, run in results),
         )
 
-    def _leave(self, request: _Request, parts: list[_Part]) -> None:
+    def _leave(self, request: PendingRequest, parts: list[PendingPart]) -> None:
         """Drop whatever of ``request`` is still queued or running (deadline, cancel)."""
         if request.parts_left > 0:
             request.parts_left = 0
@@ -340,23 +300,14 @@ class Batcher:
                 self._loop(), name=f"batcher-{self.model}"
             )
 
-    def _next_group(self, now: float) -> tuple[_Group | None, float | None]:
-        """The group to dispatch now (earliest due), else when the next one becomes due.
-
-        A group is due ``max_wait_s`` after its oldest pending part arrived, or as soon as
-        it holds ``max_batch_targets`` unique targets.
-        """
+    def _next_group(self, now: float) -> tuple[PendingGroup | None, float | None]:
+        """The group to dispatch now (earliest due), else when the next one becomes due."""
         for key in [k for k, g in self._groups.items() if not g.parts]:
             del self._groups[key]
-        best: _Group | None = None
+        best: PendingGroup | None = None
         best_at = due = float("inf")
         for group in self._groups.values():
-            at = group.first_arrival()
-            full = group.targets >= self.max_batch_targets or (
-                self.max_batch_requests is not None and len(group.parts) >= self.max_batch_requests
-            )
-            if not full:
-                at += self.max_wait_s
+            at = group.due_at(self.max_wait_s, self.max_batch_targets, self.max_batch_requests)
             if at <= now and at < best_at:
                 best, best_at = group, at
             elif at > now:
@@ -388,14 +339,14 @@ class Batcher:
             if batch is not None:
                 self._start(group.key, batch)
 
-    def _start(self, key: BatchKey, batch: _Batch) -> None:
+    def _start(self, key: BatchKey, batch: PendingBatch) -> None:
         """Create the batch's task; it holds a slot until its done-callback runs."""
         task = asyncio.get_running_loop().create_task(self._run(key, batch))
         batch.task = task
         self._running.add(task)
         task.add_done_callback(functools.partial(self._finished, batch))
 
-    def _finished(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+    def _finished(self, batch: PendingBatch, task: asyncio.Task[None]) -> None:
         """Done-callback of a batch task (also of one cancelled before it started):
         return its slot and fail the parts it leaves unanswered."""
         self._running.discard(task)
@@ -408,43 +359,17 @@ class Batcher:
                 part.future.set_exception(ShuttingDownError("batch cancelled"))
         self._wakeup.set()
 
-    def _take(self, group: _Group, now: float) -> _Batch | None:
-        """Pop the parts of the next batch from ``group`` (FIFO, up to the target limit).
-
-        The union is only computed exactly once the count with multiplicity could pass
-        ``max_batch_targets``, so small batches cost no set operations.
-        """
-        taken: list[_Part] = []
-        bound = 0  # >= the union size of the taken parts
-        union: np.ndarray | None = None  # their exact union, when computed and current
-        while group.parts:
-            part = group.parts[0]
-            if not part.live:
-                group.parts.popleft()
-                continue
-            if part.request.deadline <= now:
-                group.parts.popleft()
-                part.future.set_exception(
-                    DeadlineExceededError(f"model {self.model!r}: deadline exceeded while queued")
-                )
-                continue
-            if self.max_batch_requests is not None and len(taken) >= self.max_batch_requests:
-                break
-            if taken and bound + len(part.ids) > self.max_batch_targets:
-                if union is None:
-                    union = np.unique(np.concatenate([p.ids for p in taken]))
-                merged = np.union1d(union, part.ids)
-                if merged.size > self.max_batch_targets:
-                    break
-                union, bound = merged, merged.size
-            else:
-                union, bound = None, bound + len(part.ids)
-            group.parts.popleft()
-            taken.append(part)
-        group.recount()
+    def _take(self, group: PendingGroup, now: float) -> PendingBatch | None:
+        """Pop the next batch from ``group``; expired parts fail, requests fully
+        dispatched leave the queue (their ``queue_wait`` is recorded)."""
+        taken, expired = group.take(now, self.max_batch_targets, self.max_batch_requests)
+        for part in expired:
+            part.future.set_exception(
+                DeadlineExceededError(f"model {self.model!r}: deadline exceeded while queued")
+            )
         if not taken:
             return None
-        batch = _Batch(taken)
+        batch = PendingBatch(taken)
         for part in taken:
             part.batch = batch
             request = part.request
@@ -456,7 +381,7 @@ class Batcher:
                     self._metrics.observe_stage(self.model, "queue_wait", now - request.enqueued)
         return batch
 
-    async def _run(self, key: BatchKey, batch: _Batch) -> None:
+    async def _run(self, key: BatchKey, batch: PendingBatch) -> None:
         live = [p for p in batch.parts if p.live]
         if not live:
             return
