@@ -1,4 +1,8 @@
-"""Plain result types returned by the clients (no protobuf objects leak to callers)."""
+"""Plain result types returned by the clients (no protobuf objects leak to callers).
+
+:class:`BlockInfo` is the contract's (:mod:`hopserve.proto.contract`): one layer of a
+served model, the same type the front-end and the workers exchange.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hopserve.proto.contract import STAGES
+from hopserve.proto.contract import STAGES, BlockInfo
+from hopserve.proto.fields import from_message
 from hopserve.proto.v1 import embedding_pb2 as pb
 
 __all__ = ["TIMING_STAGES", "BlockInfo", "EmbeddingResult", "ModelInfo"]
@@ -18,30 +23,6 @@ TIMING_STAGES = (*STAGES, "total")
 
 def _dtype_name(dtype: int) -> str:
     return {pb.DTYPE_FLOAT32: "float32"}.get(dtype, "unspecified")
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """One layer (ConvBlock) of a served model.
-
-    Attributes:
-        layer: 1-based layer index; the block computes ``h^layer`` from ``h^(layer-1)``.
-        kind: Conv class name, e.g. ``"SAGEConv"``.
-        in_dim: Input width.
-        out_dim: Output width.
-        description: Free-form summary for humans.
-    """
-
-    layer: int
-    kind: str
-    in_dim: int
-    out_dim: int
-    description: str = ""
-
-    @classmethod
-    def from_proto(cls, msg: pb.BlockInfo) -> BlockInfo:
-        """Convert a ``hopserve.v1.BlockInfo`` message."""
-        return cls(msg.layer, msg.kind, msg.in_dim, msg.out_dim, msg.description)
 
 
 @dataclass(frozen=True)
@@ -77,17 +58,10 @@ class ModelInfo:
     @classmethod
     def from_proto(cls, msg: pb.ModelInfo) -> ModelInfo:
         """Convert a ``hopserve.v1.ModelInfo`` message."""
-        return cls(
-            name=msg.name,
-            version=msg.version,
-            dim=msg.dim,
-            num_layers=msg.num_layers,
-            graph_num_nodes=msg.graph_num_nodes,
-            graph_num_edges=msg.graph_num_edges,
-            graph_version=msg.graph_version,
-            ready=msg.ready,
-            blocks=tuple(BlockInfo.from_proto(b) for b in msg.blocks),
-            description=msg.description,
+        return from_message(
+            msg,
+            cls,
+            blocks=tuple(from_message(b, BlockInfo) for b in msg.blocks),
             dtype=_dtype_name(msg.dtype),
         )
 

@@ -1,8 +1,9 @@
 """Contract dataclasses <-> ``hopserve.v1`` worker messages, and job errors <-> status codes.
 
 Shared by the worker service and the remote worker client, so the two sides cannot
-disagree. Field names are the contract's (:mod:`hopserve.proto.contract`) on both sides;
-this module only packs arrays (:mod:`hopserve.proto.tensors`) and spells "absent":
+disagree. Field names are the contract's (:mod:`hopserve.proto.contract`) on both sides, copied
+by name (:mod:`hopserve.proto.fields`); this module only packs arrays
+(:mod:`hopserve.proto.tensors`), nests messages and spells "absent":
 
 * ``Job.frontiers``: ``None`` is *no* ``frontiers`` entry; otherwise ``L + 1`` entries
   ``V^0 … V^L``, a ``None`` entry (all nodes / not planned) being **empty** ``bytes``
@@ -41,6 +42,7 @@ from hopserve.proto.contract import (
     WorkerUnavailableError,
     validate_fanouts,
 )
+from hopserve.proto.fields import from_message, to_message
 from hopserve.proto.tensors import (
     decode_embeddings,
     decode_indices,
@@ -142,59 +144,16 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
 
 # ---------------------------------------------------------------------------- results
 def _stats_to_proto(s: RunStats) -> worker_pb2.JobStats:
-    return worker_pb2.JobStats(
-        planning_s=s.planning_s,
-        prepare_s=s.prepare_s,
-        transfer_s=s.transfer_s,
-        compute_s=s.compute_s,
-        write_out_s=s.write_out_s,
-        total_s=s.total_s,
+    return to_message(
+        s,
+        worker_pb2.JobStats,
         frontier_sizes=[int(v) for v in s.frontier_sizes],
-        layers=[
-            worker_pb2.LayerStats(
-                layer=layer.layer,
-                rows=layer.rows,
-                batches=layer.batches,
-                input_nodes=layer.input_nodes,
-                edges=layer.edges,
-                oom_halvings=layer.oom_halvings,
-                compute_s=layer.compute_s,
-                peak_bytes=layer.peak_bytes,
-                gather_free=layer.gather_free,
-            )
-            for layer in s.layers
-        ],
-        tiers=dict(s.tiers),
-        device=s.device,
+        layers=[to_message(layer, worker_pb2.LayerStats) for layer in s.layers],
     )
 
 
 def _stats_from_proto(m: worker_pb2.JobStats) -> RunStats:
-    return RunStats(
-        planning_s=m.planning_s,
-        prepare_s=m.prepare_s,
-        transfer_s=m.transfer_s,
-        compute_s=m.compute_s,
-        write_out_s=m.write_out_s,
-        total_s=m.total_s,
-        frontier_sizes=list(m.frontier_sizes),
-        layers=[
-            LayerStats(
-                layer=x.layer,
-                rows=x.rows,
-                batches=x.batches,
-                input_nodes=x.input_nodes,
-                edges=x.edges,
-                oom_halvings=x.oom_halvings,
-                compute_s=x.compute_s,
-                peak_bytes=x.peak_bytes,
-                gather_free=x.gather_free,
-            )
-            for x in m.layers
-        ],
-        tiers=dict(m.tiers),
-        device=m.device,
-    )
+    return from_message(m, RunStats, layers=[from_message(x, LayerStats) for x in m.layers])
 
 
 def result_to_proto(result: JobResult) -> worker_pb2.JobResult:
@@ -242,36 +201,19 @@ def result_from_proto(msg: worker_pb2.JobResult, *, worker: str = "") -> JobResu
 
 # ---------------------------------------------------------------------------- status
 def status_to_proto(status: WorkerStatus) -> worker_pb2.WorkerInfo:
-    """Encode a :class:`WorkerStatus`."""
-    return worker_pb2.WorkerInfo(
-        worker_id=status.worker_id,
-        device=status.device,
-        models=[
-            worker_pb2.LoadedModel(
-                name=m.name,
-                version=m.version,
-                dim=m.dim,
-                num_layers=m.num_layers,
-                graph_version=m.graph_version,
-                graph_num_nodes=m.graph_num_nodes,
-                reads_input_frontier=m.reads_input_frontier,
-                mode=m.mode,
-                blocks=[
-                    embedding_pb2.BlockInfo(
-                        layer=b.layer,
-                        kind=b.kind,
-                        in_dim=b.in_dim,
-                        out_dim=b.out_dim,
-                        description=b.description,
-                    )
-                    for b in m.blocks
-                ],
-                description=m.description,
-            )
-            for m in status.models
-        ],
-        inflight_jobs=status.inflight_jobs,
-        queued_jobs=status.queued_jobs,
+    """Encode a :class:`WorkerStatus` (``memory`` is flattened to ``device_memory_*``)."""
+    models = [
+        to_message(
+            m,
+            worker_pb2.LoadedModel,
+            blocks=[to_message(b, embedding_pb2.BlockInfo) for b in m.blocks],
+        )
+        for m in status.models
+    ]
+    return to_message(
+        status,
+        worker_pb2.WorkerInfo,
+        models=models,
         device_memory_used_bytes=status.memory.used,
         device_memory_total_bytes=status.memory.total,
         device_memory_peak_bytes=status.memory.peak,
@@ -280,34 +222,19 @@ def status_to_proto(status: WorkerStatus) -> worker_pb2.WorkerInfo:
 
 def status_from_proto(msg: worker_pb2.WorkerInfo) -> WorkerStatus:
     """Decode a ``WorkerInfo``."""
-    return WorkerStatus(
-        worker_id=msg.worker_id,
-        device=msg.device,
-        models=tuple(
-            ModelStatus(
-                name=m.name,
-                version=m.version,
-                dim=m.dim,
-                num_layers=m.num_layers,
-                graph_version=m.graph_version,
-                graph_num_nodes=m.graph_num_nodes,
-                mode=m.mode or "layerwise",
-                reads_input_frontier=m.reads_input_frontier,
-                blocks=tuple(
-                    BlockInfo(b.layer, b.kind, b.in_dim, b.out_dim, b.description) for b in m.blocks
-                ),
-                description=m.description,
-            )
-            for m in msg.models
-        ),
-        inflight_jobs=msg.inflight_jobs,
-        queued_jobs=msg.queued_jobs,
-        memory=DeviceMemory(
-            msg.device_memory_used_bytes,
-            msg.device_memory_total_bytes,
-            msg.device_memory_peak_bytes,
-        ),
+    models = tuple(
+        from_message(
+            m,
+            ModelStatus,
+            mode=m.mode or "layerwise",
+            blocks=tuple(from_message(b, BlockInfo) for b in m.blocks),
+        )
+        for m in msg.models
     )
+    memory = DeviceMemory(
+        msg.device_memory_used_bytes, msg.device_memory_total_bytes, msg.device_memory_peak_bytes
+    )
+    return from_message(msg, WorkerStatus, models=models, memory=memory)
 
 
 # ---------------------------------------------------------------------------- errors

@@ -19,6 +19,7 @@ import numpy as np
 
 from hopserve.config import ModelConfig
 from hopserve.proto.contract import ModelStatus
+from hopserve.proto.fields import to_message
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError, quote
 from hopserve.worker.graph.topology import GraphTopology
@@ -125,16 +126,7 @@ class ServedModel:
             graph_num_edges=int(self.topology.num_edges),
             graph_version=self.graph_version,
             ready=self.ready,
-            blocks=[
-                pb.BlockInfo(
-                    layer=b.layer,
-                    kind=b.kind,
-                    in_dim=b.in_dim,
-                    out_dim=b.out_dim,
-                    description=b.description,
-                )
-                for b in (s.blocks if s else ())
-            ],
+            blocks=[to_message(b, pb.BlockInfo) for b in (s.blocks if s else ())],
             description=(s.description if s else "")
             or (self.error and f"not available: {self.error}"),
             dtype=pb.DTYPE_FLOAT32,
