@@ -17,6 +17,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from hopserve.server.cache.codec import as_node_ids, as_rows
+
 __all__ = ["CacheNamespace", "CacheObserver", "CacheStats", "EmbeddingCache"]
 
 _COMPONENT = re.compile(r"[^\s:]+")
@@ -105,7 +107,9 @@ class EmbeddingCache(abc.ABC):
     """An asyncio cache of embedding rows keyed by (:class:`CacheNamespace`, node id).
 
     Contract: no method raises because the backend failed; a failed lookup is a miss and
-    a failed store is dropped. Invalid arguments (shapes, dtypes) do raise ``ValueError``.
+    a failed store is dropped. Invalid arguments (shapes, dtypes) do raise ``ValueError``:
+    :meth:`get_many` and :meth:`put_many` check them and keep the lookup stats here, once;
+    a backend implements only :meth:`_get` and :meth:`_put`.
 
     Args:
         observer: Optional receiver of cache events (e.g. for Prometheus).
@@ -118,7 +122,6 @@ class EmbeddingCache(abc.ABC):
         self.stats = CacheStats()
         self._observer = observer
 
-    @abc.abstractmethod
     async def get_many(
         self, namespace: CacheNamespace, node_ids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -128,12 +131,34 @@ class EmbeddingCache(abc.ABC):
             ``(hit_mask, rows)``: bool ``[N]`` and float32 ``[N, namespace.dim]``; rows of
             misses are zero.
         """
+        ids = as_node_ids(node_ids)
+        if ids.size == 0:
+            return np.zeros(0, dtype=bool), np.zeros((0, namespace.dim), dtype=np.float32)
+        mask, rows = await self._get(namespace, ids)
+        hits = int(mask.sum())
+        self._record_lookup(namespace, hits, ids.size - hits)
+        return mask, rows
 
-    @abc.abstractmethod
     async def put_many(
         self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray
     ) -> None:
         """Store ``rows`` (``[N, namespace.dim]``, cast to float32) under ``node_ids``."""
+        ids = as_node_ids(node_ids)
+        array = as_rows(rows, ids.size, namespace.dim)
+        if ids.size:
+            await self._put(namespace, ids, array)
+
+    @abc.abstractmethod
+    async def _get(
+        self, namespace: CacheNamespace, ids: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(hit_mask, rows)`` of non-empty int64 ``ids`` (zero rows for misses and when
+        the backend fails); the caller records the lookup."""
+
+    @abc.abstractmethod
+    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Store float32 ``rows`` (``[len(ids), dim]``) under non-empty ``ids``; a
+        backend failure drops them."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release connections and background tasks; the cache is unusable afterwards."""

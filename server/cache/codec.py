@@ -29,10 +29,12 @@ import hmac
 import struct
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hopserve.server.cache.base import CacheNamespace
+if TYPE_CHECKING:
+    from hopserve.server.cache.base import CacheNamespace
 
 __all__ = [
     "ENVELOPE_FORMAT",

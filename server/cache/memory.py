@@ -10,7 +10,6 @@ from collections.abc import Callable
 import numpy as np
 
 from hopserve.server.cache.base import CacheNamespace, CacheObserver, EmbeddingCache
-from hopserve.server.cache.codec import as_node_ids, as_rows
 
 __all__ = ["MemoryEmbeddingCache"]
 
@@ -58,11 +57,9 @@ class MemoryEmbeddingCache(EmbeddingCache):
     def __repr__(self) -> str:
         return f"MemoryEmbeddingCache(max_entries={self.max_entries}, entries={len(self)})"
 
-    async def get_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray
+    async def _get(
+        self, namespace: CacheNamespace, ids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`EmbeddingCache.get_many`."""
-        ids = as_node_ids(node_ids)
         mask = np.zeros(ids.size, dtype=bool)
         rows = np.zeros((ids.size, namespace.dim), dtype=np.float32)
         now = self._clock()
@@ -79,16 +76,9 @@ class MemoryEmbeddingCache(EmbeddingCache):
                 self._rows.move_to_end(key)
                 rows[position] = row
                 mask[position] = True
-        hits = int(mask.sum())
-        self._record_lookup(namespace, hits, ids.size - hits)
         return mask, rows
 
-    async def put_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray
-    ) -> None:
-        """See :meth:`EmbeddingCache.put_many`."""
-        ids = as_node_ids(node_ids)
-        array = as_rows(rows, ids.size, namespace.dim)
+    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray) -> None:
         expires_at = self._clock() + self.ttl_s if self.ttl_s else float("inf")
         with self._lock:
             for position, node in enumerate(ids.tolist()):

@@ -41,10 +41,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hopserve.config.types import SecretUrl, redact_url
+from hopserve.logs import rate_limited
 from hopserve.server.cache.base import CacheNamespace, CacheObserver, EmbeddingCache
 from hopserve.server.cache.codec import (
-    as_node_ids,
-    as_rows,
     decode_rows,
     encode_rows,
     make_keys,
@@ -53,12 +52,13 @@ from hopserve.server.cache.codec import (
 __all__ = ["RedisEmbeddingCache"]
 
 logger = logging.getLogger(__name__)
+# Skipped calls can repeat thousands of times a second: identical warnings fold, a minute.
+skip_logger = rate_limited(f"{__name__}.skipped")
 
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
 """Errors meaning Redis cannot be reached (open the breaker); anything else, e.g. an
 ``OOM command not allowed`` reply, is a per-command error that leaves the breaker closed."""
 
-_REJECTION_LOG_INTERVAL_S = 60.0
 
 try:  # redis-py >= 7: maintenance notifications would relax our short timeouts to 10 s
     from redis.maint_notifications import MaintNotificationsConfig
@@ -147,7 +147,6 @@ class RedisEmbeddingCache(EmbeddingCache):
         self._retry_at = 0.0
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._next_rejection_log = 0.0
         self._reported_up: bool | None = None  # last state sent to the observer
 
     def __repr__(self) -> str:
@@ -159,22 +158,17 @@ class RedisEmbeddingCache(EmbeddingCache):
         """False while the breaker is open (Redis failed and has not answered since)."""
         return self._up
 
-    async def get_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray
+    async def _get(
+        self, namespace: CacheNamespace, ids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`EmbeddingCache.get_many`; one pipelined round trip."""
-        ids = as_node_ids(node_ids)
+        """One pipelined round trip of MGETs."""
         n = ids.size
         mask = np.zeros(n, dtype=bool)
         rows = np.zeros((n, namespace.dim), dtype=np.float32)
-        if n == 0:
-            return mask, rows
         if not self._usable():
-            self._record_lookup(namespace, 0, n)
             return mask, rows
         keys = make_keys(self.prefix, namespace, ids)
         if not await self._take_turn(namespace, "get"):
-            self._record_lookup(namespace, 0, n)
             return mask, rows
         start = time.perf_counter()
         try:
@@ -184,7 +178,6 @@ class RedisEmbeddingCache(EmbeddingCache):
                 replies = await pipe.execute()
         except Exception as exc:  # a cache failure must never fail a request
             self._failed(exc, namespace, "get")
-            self._record_lookup(namespace, 0, n)
             return mask, rows
         finally:
             self._turns.release()
@@ -199,17 +192,11 @@ class RedisEmbeddingCache(EmbeddingCache):
                 dict(rejected),
             )
             self._record_rejected(namespace, rejected)
-        hits = int(mask.sum())
-        self._record_lookup(namespace, hits, n - hits)
         return mask, rows
 
-    async def put_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray
-    ) -> None:
-        """See :meth:`EmbeddingCache.put_many`; one pipelined round trip of SET EX."""
-        ids = as_node_ids(node_ids)
-        array = as_rows(rows, ids.size, namespace.dim)
-        if ids.size == 0 or not self._usable():
+    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray) -> None:
+        """One pipelined round trip of SET EX."""
+        if not self._usable():
             return
         keys, packed = encode_rows(
             array, make_keys(self.prefix, namespace, ids), self._integrity_key
@@ -268,16 +255,13 @@ class RedisEmbeddingCache(EmbeddingCache):
                 await self._turns.acquire()
         except TimeoutError:
             self._record_error(namespace, op)
-            now = time.monotonic()
-            if now >= self._next_rejection_log:
-                self._next_rejection_log = now + _REJECTION_LOG_INTERVAL_S
-                logger.warning(
-                    "Redis cache at %s: every connection busy for %.2gs; a %s was skipped "
-                    "(raise cache.redis_max_connections); logged at most once a minute",
-                    self.url,
-                    self.timeout_s,
-                    op,
-                )
+            skip_logger.warning(
+                "Redis cache at %s: every connection busy for %.2gs; a %s was skipped "
+                "(raise cache.redis_max_connections)",
+                self.url,
+                self.timeout_s,
+                op,
+            )
             return False
         return True
 
@@ -301,17 +285,14 @@ class RedisEmbeddingCache(EmbeddingCache):
             self._open(_reason(exc))
             return
         # Redis answered with an error (full under noeviction, read-only replica, ...):
-        # keep using it, but say so at most once a minute.
-        now = time.monotonic()
-        if now >= self._next_rejection_log:
-            self._next_rejection_log = now + _REJECTION_LOG_INTERVAL_S
-            logger.warning(
-                "Redis cache at %s rejected a %s (%s); the call was skipped (rows missed or "
-                "not stored); logged at most once a minute",
-                self.url,
-                op,
-                _reason(exc),
-            )
+        # keep using it, and say so (the rate-limited logger folds repeats).
+        skip_logger.warning(
+            "Redis cache at %s rejected a %s (%s); the call was skipped (rows missed or "
+            "not stored)",
+            self.url,
+            op,
+            _reason(exc),
+        )
 
     def _open(self, reason: str) -> None:
         now = time.monotonic()
