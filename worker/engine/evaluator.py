@@ -177,9 +177,13 @@ class LayerwiseEvaluator:
             storage = self.graph.sorted_external_order()
         plan = self.plan(storage, fanouts, seed)
         planning_s = time.perf_counter() - t0
+        stats = RunStats(planning_s=planning_s)
         with self._lock:
-            stats = RunStats(planning_s=planning_s)
-            return self._run(plan, storage, stats, t0, show_progress=targets is None)
+            out = evaluate_plan(
+                self._context(), plan, storage, stats, t0, show_progress=targets is None
+            )
+            self.last_stats = stats
+        return out
 
     def evaluate_plan(self, plan: Plan, storage_targets: Tensor | None) -> Tensor:
         """Run a precomputed plan (e.g. a front-end batch's union of targets).
@@ -192,8 +196,11 @@ class LayerwiseEvaluator:
         Raises:
             FrontierError: the plan lacks a row some layer reads (inconsistent frontiers).
         """
+        stats = RunStats()
         with self._lock:
-            return self._run(plan, storage_targets, RunStats(), time.perf_counter())
+            out = evaluate_plan(self._context(), plan, storage_targets, stats, time.perf_counter())
+            self.last_stats = stats
+        return out
 
     def plan(
         self, storage_targets: Tensor | None, fanouts: Sequence[int] | None = None, seed: int = 0
@@ -219,21 +226,6 @@ class LayerwiseEvaluator:
             self._pool.shutdown(wait=True)
 
     # ------------------------------------------------------------------ internals
-    def _run(
-        self,
-        plan: Plan,
-        storage_targets: Tensor | None,
-        stats: RunStats,
-        started: float,
-        *,
-        show_progress: bool = False,
-    ) -> Tensor:
-        out = evaluate_plan(
-            self._context(), plan, storage_targets, stats, started, show_progress=show_progress
-        )
-        self.last_stats = stats
-        return out
-
     def _context(self) -> RunContext:
         return RunContext(
             graph=self.graph,
