@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -95,48 +95,13 @@ class IngestResult:
     stats: BuildStats
 
 
-def ingest(
-    edges: str | Path,
-    features: str | Path,
-    *,
-    out: str | Path,
-    node_ids: str | Path | None = None,
-    labels: str | Path | None = None,
-    symmetrize: bool = False,
-    add_self_loops: bool = False,
-    dedup: bool = False,
-    reorder: str | None = "rcmk",
-    delimiter: str | None = None,
-    skip_header: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> GraphStore:
+def ingest(edges: str | Path, features: str | Path, **options: Any) -> GraphStore:
     """Validate input files, build the CSC store and write it to ``out`` atomically.
 
-    ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
-
-    Returns:
-        The written store, opened memory-mapped.
-
-    Raises:
-        IngestError: bad input (names file and row); nothing is written.
-        FileExistsError: ``out`` is not empty and ``overwrite`` is false.
+    Takes the arguments of :func:`ingest_with_stats` (``out`` is required) and returns
+    only the written store, opened memory-mapped.
     """
-    return ingest_with_stats(
-        edges,
-        features,
-        out=out,
-        node_ids=node_ids,
-        labels=labels,
-        symmetrize=symmetrize,
-        add_self_loops=add_self_loops,
-        dedup=dedup,
-        reorder=reorder,
-        delimiter=delimiter,
-        skip_header=skip_header,
-        overwrite=overwrite,
-        progress=progress,
-    ).store
+    return ingest_with_stats(edges, features, **options).store
 
 
 def ingest_with_stats(
@@ -155,7 +120,9 @@ def ingest_with_stats(
     overwrite: bool = False,
     progress: bool = True,
 ) -> IngestResult:
-    """:func:`ingest`, also returning the edge counts of the build.
+    """Validate input files, build the CSC store and write it to ``out`` atomically.
+
+    ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
 
     Returns:
         The written store (opened memory-mapped) and :class:`~.build.BuildStats`
