@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hopserve.config import HopserveConfig
 
 __all__ = [
+    "ConfigPath",
     "exit_now",
     "fail",
     "first_line",
@@ -22,6 +23,12 @@ __all__ = [
     "report_model_failures",
     "verbose",
 ]
+
+ConfigPath = Annotated[
+    Path,
+    typer.Option("--config", "-c", help="hopserve YAML config (see deploy/hopserve.yaml)."),
+]
+"""The ``--config`` option of the commands that serve."""
 
 shut_down = False
 """Set by a long-running command once its graceful shutdown is complete (see

@@ -20,22 +20,19 @@ import asyncio
 import importlib.util
 import logging
 import signal
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from hopserve.cli import app, common
-from hopserve.cli.common import fail, load_cli_config, report_model_failures
+from hopserve.cli.common import ConfigPath, fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.serve")
 
 
 @app.command("serve")
 def serve_cmd(
-    config: Annotated[
-        Path, typer.Option("--config", "-c", help="hopserve YAML config (models, server, cache).")
-    ],
+    config: ConfigPath,
     port: Annotated[
         int | None, typer.Option("--port", "-p", min=1, max=65535, help="gRPC port override.")
     ] = None,

@@ -17,22 +17,19 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from hopserve.cli import app, common
-from hopserve.cli.common import fail, load_cli_config, report_model_failures
+from hopserve.cli.common import ConfigPath, fail, load_cli_config, report_model_failures
 
 log = logging.getLogger("hopserve.worker")
 
 
 @app.command("worker")
 def worker_cmd(
-    config: Annotated[
-        Path, typer.Option("--config", "-c", help="hopserve YAML config (models, engine).")
-    ],
+    config: ConfigPath,
     device: Annotated[
         str, typer.Option("--device", "-d", help="'cpu', 'cuda' or 'cuda:N'.")
     ] = "cpu",
