@@ -1,14 +1,14 @@
-"""Conv adapters: how each supported conv runs exactly on one batch (a bipartite block).
+"""Conv adapters: how each supported conv runs exactly on one batch (the bipartite graph of its destinations and their in-neighbours).
 
 The support matrix lives in :mod:`hopserve.worker.convs.registry`; see the README for the
 table of which convs are exact, adapted, or refused and why.
 """
 
-from hopserve.worker.convs.base import Block, ConvAdapter, UnsupportedConvError
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch, UnsupportedConvError
 from hopserve.worker.convs.registry import adapter_for, register_conv, support_matrix
 
 __all__ = [
-    "Block",
+    "LayerBatch",
     "ConvAdapter",
     "UnsupportedConvError",
     "adapter_for",

@@ -1,6 +1,6 @@
-"""The block a conv runs on, and the adapter interface.
+"""The batch a conv runs on, and the adapter interface.
 
-A *block* is one batch of one layer: ``num_dst`` destination nodes and every in-neighbour
+A :class:`LayerBatch` is one batch of one layer: ``num_dst`` destination nodes and every in-neighbour
 they have (or the sampled ones). Source rows are ordered **destination-first**: rows
 ``0 .. num_dst-1`` of the source side are the destination nodes themselves, in the same
 order, so ``x_src[:num_dst]`` is the destination side and a self-loop ``(i, i)`` in local
@@ -29,22 +29,22 @@ class UnsupportedConvError(ValueError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Which sampled graph a block's edges come from: :math:`G_l` of ``layer``.
+    """Which sampled graph a batch's edges come from: :math:`G_l` of ``layer``.
 
     :math:`G_l` is the graph in which every node keeps its ``<= fanout`` sampled in-edges
     at ``layer`` under ``seed`` (:func:`hopserve.worker.graph.planner.sample_in_edges`). A
-    block's destinations hold exactly their :math:`G_l` in-edges; adapters whose conv
+    batch's destinations hold exactly their :math:`G_l` in-edges; adapters whose conv
     reads degree statistics must take them from :math:`G_l`, not from the whole graph
     (which is :math:`G_l` only when ``fanout`` is at least the maximum in-degree).
     """
 
     layer: int
-    fanout: int  # >= 0 (fanout -1 = all in-edges is an exact block: no Sampling)
+    fanout: int  # >= 0 (fanout -1 = all in-edges is an exact batch: no Sampling)
     seed: int
 
 
 @dataclass
-class Block:
+class LayerBatch:
     """One batch of one layer, in local indices.
 
     Attributes:
@@ -56,14 +56,14 @@ class Block:
         src_index: local source position of each in-edge, int64 ``[E]``.
         edge_ids: position of each in-edge in the graph store's CSC ``indices`` (int64
             ``[E]``), for adapters that look up per-edge global statistics.
-        layer: the layer index this block belongs to (1-based).
+        layer: the layer index this batch belongs to (1-based).
         global_src_size: set (to the graph's node count) when source rows are the whole
             stored node table, indexed by storage id: ``src_index`` then holds storage ids,
             ``src_nodes`` only the destinations, and nothing is gathered.
         dst_start: first storage id of a contiguous destination run (global mode), so
             destination rows are a view of the node table.
         sampling: for sampling evaluation with a fanout ``>= 0``, the sampled graph
-            :math:`G_l` the edges belong to; ``None`` for exact blocks (every in-edge).
+            :math:`G_l` the edges belong to; ``None`` for exact batches (every in-edge).
     """
 
     src_nodes: Tensor
@@ -133,9 +133,9 @@ class Block:
             check_invariants=False,
         )
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> Block:
+    def to(self, device: torch.device, non_blocking: bool = False) -> LayerBatch:
         """Move the index tensors to ``device``."""
-        return Block(
+        return LayerBatch(
             src_nodes=self.src_nodes.to(device, non_blocking=non_blocking),
             num_dst=self.num_dst,
             indptr=self.indptr.to(device, non_blocking=non_blocking),
@@ -149,10 +149,10 @@ class Block:
 
 
 class ConvAdapter(nn.Module):
-    """Runs one conv module on a :class:`Block` and returns destination rows only.
+    """Runs one conv module on a :class:`LayerBatch` and returns destination rows only.
 
     Subclasses implement :meth:`run`. ``prepare(graph)`` computes any whole-graph
-    statistic once per graph (e.g. GCN's source degrees) before the first block.
+    statistic once per graph (e.g. GCN's source degrees) before the first batch.
     The adapter holds the user's conv as a submodule, so weights are shared, not copied.
     """
 
@@ -170,21 +170,21 @@ class ConvAdapter(nn.Module):
         return False
 
     def edge_bytes(self, src_row_bytes: int) -> int:
-        """Bytes per in-edge this conv allocates on a block (CPU memory accounting).
+        """Bytes per in-edge this conv allocates on a batch (CPU memory accounting).
 
         Default: one message row per edge (gather-scatter message passing).
         """
         return src_row_bytes
 
-    def forward(self, x: Tensor, block: Block) -> Tensor:
-        return self.run(x, block)
+    def forward(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        return self.run(x, batch)
 
-    def run(self, x: Tensor, block: Block) -> Tensor:
-        """Return the conv's output for the ``block.num_dst`` destination rows.
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        """Return the conv's output for the ``batch.num_dst`` destination rows.
 
         Args:
             x: source-side input ``[n_src, ...]`` (destination-first rows).
-            block: the batch's local structure.
+            batch: the batch's local structure.
         """
         raise NotImplementedError
 

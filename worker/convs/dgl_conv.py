@@ -6,23 +6,23 @@
 The batch becomes a DGL *block* (``dgl.create_block`` from the batch's local CSC:
 destinations are columns, each in-edge keeps its CSC position as edge id) and the conv
 runs as DGL runs it in its own layer-wise inference loops: ``conv(block, x_src)``, where
-DGL takes the destination rows as ``x_src[:num_dst]`` — hopserve's blocks are
-destination-first, as DGL's are.
+DGL takes the destination rows as ``x_src[:num_dst]`` — hopserve's batches are
+destination-first, as DGL's blocks are.
 
-Exactness: the block holds every in-edge of each destination (duplicates and self-loops
+Exactness: the batch holds every in-edge of each destination (duplicates and self-loops
 included), so per-destination reductions (sum / mean / max, edge softmax, the in-degree
 of ``SAGEConv(aggregator_type="gcn")``) see exactly what the full graph gives them.
-Zero-in-degree checks: a destination has no in-edge in its block iff it has none in the
-graph, so the conv's own ``allow_zero_in_degree`` check fires on a block exactly when the
+Zero-in-degree checks: a destination has no in-edge in its batch iff it has none in the
+graph, so the conv's own ``allow_zero_in_degree`` check fires on a batch exactly when the
 full-graph forward would fail; :meth:`DGLConvAdapter.prepare` raises the same refusal for
 the whole graph up front, naming the conv. LSTM aggregation (``SAGEConv``) reads messages
-in edge-id order (DGL's degree bucketing): on a block that is ascending source storage id,
+in edge-id order (DGL's degree bucketing): on a batch that is ascending source storage id,
 which equals the full graph's order when its edge ids list each node's in-edges by
 ascending source (see README).
 
-Kernels: the block is a ``DGLBlock`` subclass whose ``update_all`` runs DGL's ``u_mul_e`` →
+Kernels: the DGL block is a ``DGLBlock`` subclass whose ``update_all`` runs DGL's ``u_mul_e`` →
 ``sum`` pattern (attention-weighted sums) as one torch CSR SpMM per head — the same sums,
-several times faster than DGL 2.1's CPU kernel on large blocks; everything else is DGL's.
+several times faster than DGL 2.1's CPU kernel on large batches; everything else is DGL's.
 
 Aggregate first: linear convs that DGL runs projection-first when ``in > out``
 (``GraphConv``, ``SAGEConv`` mean/gcn) run through a view that aggregates first, so each
@@ -30,7 +30,7 @@ batch projects its ``B`` destination rows instead of all its source rows
 (:func:`aggregate_first`).
 
 Gather-free: convs that then reduce raw source rows (``GINConv``, ``GraphConv``,
-``SAGEConv`` mean/gcn) read the stored node table in place: the block's source side is
+``SAGEConv`` mean/gcn) read the stored node table in place: the batch's source side is
 the whole table (``num_src_nodes = N``) and the destination rows are passed explicitly as
 ``(table, table[dst])``.
 """
@@ -43,7 +43,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block, ConvAdapter
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 
 # Convs whose update reads per-edge messages only through DGL's fused SpMM kernels.
 _FUSED = {"GraphConv", "GINConv"}
@@ -56,23 +56,23 @@ _EDGE_SCORES = {"GATConv", "DotGatConv", "AGNNConv"}
 SPMM_MIN_EDGES = 32768
 
 
-def dgl_block(block: Block):
-    """The DGL block of ``block`` (cached on it, so convs of one layer share it)."""
-    cached = block._cache.get("dgl_block")
+def dgl_block(batch: LayerBatch):
+    """The DGL block of ``batch`` (cached on it, so convs of one layer share it)."""
+    cached = batch._cache.get("dgl_block")
     if cached is None:
         import dgl
 
         # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
-        eids = torch.arange(block.num_edges, device=block.indptr.device)
+        eids = torch.arange(batch.num_edges, device=batch.indptr.device)
         cached = dgl.create_block(
-            ("csc", (block.indptr, block.src_index, eids)),
-            num_src_nodes=block.num_src,
-            num_dst_nodes=block.num_dst,
-            device=block.indptr.device,
+            ("csc", (batch.indptr, batch.src_index, eids)),
+            num_src_nodes=batch.num_src,
+            num_dst_nodes=batch.num_dst,
+            device=batch.indptr.device,
         )
         cached.__class__ = _spmm_block_class()
-        cached._hopserve_csc = (block.indptr, block.src_index)
-        block._cache["dgl_block"] = cached
+        cached._hopserve_csc = (batch.indptr, batch.src_index)
+        batch._cache["dgl_block"] = cached
     return cached
 
 
@@ -83,7 +83,7 @@ def _spmm_block_class() -> type:
     DGL 2.1's CPU kernel for ``u_mul_e`` (attention-weighted sums: GAT, GATv2, DotGat,
     AGNN, edge weights) is several times slower than its ``copy_u`` kernel; a sparse CSR
     matrix per head whose values are the edge scalars computes the same sums. The conv's
-    own code runs unchanged; only this kernel is swapped, and only on hopserve's blocks.
+    own code runs unchanged; only this kernel is swapped, and only on hopserve's batches.
     """
     from dgl.heterograph import DGLBlock
 
@@ -146,7 +146,7 @@ def aggregate_first(conv: nn.Module) -> nn.Module:
 
     ``GraphConv`` (``in_feats > out_feats``) and ``SAGEConv`` mean/gcn
     (``in_feats > out_feats``) multiply ``W`` into every source row before aggregating —
-    DGL's choice for a full graph, where each source row is projected once. On blocks it
+    DGL's choice for a full graph, where each source row is projected once. On batches it
     projects every source row of every batch again (several times ``N`` rows per layer);
     ``W`` is linear and bias-free there, so aggregating first and projecting the ``B``
     destination rows computes the same values (up to rounding) with less work, and lets the
@@ -236,11 +236,11 @@ class DGLConvAdapter(ConvAdapter):
             return 16 + 12 * self._edge_scores
         return src_row_bytes
 
-    def features(self, x: Tensor, block: Block) -> Tensor | tuple[Tensor, Tensor]:
+    def features(self, x: Tensor, batch: LayerBatch) -> Tensor | tuple[Tensor, Tensor]:
         """The conv's feature argument: ``x_src`` or ``(x_src, x_dst)``."""
-        if block.global_src_size is not None or self.pair:
-            return x, block.dst_rows(x)
+        if batch.global_src_size is not None or self.pair:
+            return x, batch.dst_rows(x)
         return x
 
-    def run(self, x: Tensor, block: Block) -> Tensor:
-        return aggregate_first(self.conv)(dgl_block(block), self.features(x, block))
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        return aggregate_first(self.conv)(dgl_block(batch), self.features(x, batch))

@@ -1,4 +1,4 @@
-"""DGL ``GraphConv`` on a block, with whole-graph source out-degree normalization.
+"""DGL ``GraphConv`` on a batch, with whole-graph source out-degree normalization.
 
 .. math::
     h_v' = \\sigma\\Big(b + c^{in}_v \\sum_{u \\in N_{in}(v)} (c^{out}_u\\, h_u) W\\Big),
@@ -7,30 +7,30 @@
 with ``norm="both"``: :math:`p = q = 1/2`; ``"left"``: :math:`p = 1`, no :math:`c^{in}`;
 ``"right"``: no :math:`c^{out}`, :math:`q = 1`; ``"none"``: neither.
 
-Exactness: :math:`d^{out}_u` is the source's out-degree in the *whole* graph; on a block
+Exactness: :math:`d^{out}_u` is the source's out-degree in the *whole* graph; on a batch
 DGL would count only the batch's edges out of ``u``. For ``"both"`` / ``"left"``,
 ``prepare`` computes :math:`c^{out}` once per graph (float32, ``clamp(min=1)``, as DGL does)
 and each batch runs the conv through a parameter-sharing view with ``norm="none"`` and the
 per-edge weight :math:`c^{out}_u c^{in}_v` (DGL's own ``edge_weight`` path, ``u_mul_e``):
 ``W`` (applied after aggregating, see :func:`~.dgl_conv.aggregate_first`), bias and
-activation stay the conv's own. :math:`d^{in}_v` is the block's in-degree, which
+activation stay the conv's own. :math:`d^{in}_v` is the batch's in-degree, which
 is the whole graph's for exact evaluation (every in-edge of a destination is in its
-block) and the sampled count for sampling evaluation. Only the rounding differs from the
+batch) and the sampled count for sampling evaluation. Only the rounding differs from the
 full-graph forward (the two scale factors are multiplied per edge). ``"right"`` / ``"none"``
 need no whole-graph statistic and run unchanged (:class:`~.dgl_conv.DGLConvAdapter`).
 The view is a shallow copy made per call: the user's module is never mutated, and the
 view always sees its current parameters.
 
-Sampling: a sampled block (``block.sampling`` set, fanout below the graph's maximum
+Sampling: a sampled batch (``batch.sampling`` set, fanout below the graph's maximum
 in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled
 in-edges at layer :math:`l`, and the model's forward on :math:`G_l` normalizes by
-:math:`G_l`'s degrees. :math:`d^{in}_v` is then the block's (sampled) count as above;
+:math:`G_l`'s degrees. :math:`d^{in}_v` is then the batch's (sampled) count as above;
 :math:`d^{out}_u` counts the sampled in-edges of *all* nodes that come from ``u``
 (:func:`~hopserve.worker.graph.planner.sampled_out_degrees`: only nodes with more than
 ``f`` in-edges are sampled, so O(N) plus their in-edges, O(E log E) at worst), computed
 once per ``(layer, fanout, seed)`` and kept for a few of them (float32 ``[N]`` each). The
 whole graph's :math:`d^{out}` would scale a source with many sampled-away out-edges too
-little. ``"right"`` / ``"none"`` read only the block's in-degrees, which are :math:`G_l`'s.
+little. ``"right"`` / ``"none"`` read only the batch's in-degrees, which are :math:`G_l`'s.
 
 Gather-free: the per-edge weights index the stored node table directly (no per-batch
 gather, no scaled copy of the table).
@@ -45,7 +45,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block, Sampling
+from hopserve.worker.convs.base import LayerBatch, Sampling
 from hopserve.worker.convs.dgl_conv import DGLConvAdapter, aggregate_first, dgl_block
 from hopserve.worker.graph.planner import sampled_out_degrees
 
@@ -62,7 +62,7 @@ def _unnormalized(conv: nn.Module) -> nn.Module:
 
 
 class DGLGraphConvAdapter(DGLConvAdapter):
-    """Runs ``dgl.nn.GraphConv`` exactly on a block using whole-graph out-degrees."""
+    """Runs ``dgl.nn.GraphConv`` exactly on a batch using whole-graph out-degrees."""
 
     def __init__(self, conv: nn.Module) -> None:
         super().__init__(conv, pair=False)
@@ -95,9 +95,9 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         degs = out_degrees.to(torch.float32).clamp(min=1)
         return degs.pow(-0.5) if self.norm == "both" else 1.0 / degs
 
-    def source_norm(self, block: Block) -> Tensor:
-        """:math:`c^{out}` per storage node for ``block``'s graph (whole graph or :math:`G_l`)."""
-        s = block.sampling
+    def source_norm(self, batch: LayerBatch) -> Tensor:
+        """:math:`c^{out}` per storage node for ``batch``'s graph (whole graph or :math:`G_l`)."""
+        s = batch.sampling
         if s is None or s.fanout >= self._max_in_degree:
             return self._src_norm
         with self._sample_lock:
@@ -116,21 +116,21 @@ class DGLGraphConvAdapter(DGLConvAdapter):
                 self._sampled_norm.popitem(last=False)
         return norm
 
-    def edge_weight(self, block: Block) -> Tensor:
+    def edge_weight(self, batch: LayerBatch) -> Tensor:
         """``c_out[u] · c_in[v]`` (``"both"``) or ``c_out[u]`` (``"left"``) per in-edge."""
-        device = block.src_index.device
-        norm = self.source_norm(block).to(device)
-        if block.global_src_size is not None:  # src_index holds storage ids
-            w = norm[block.src_index]
+        device = batch.src_index.device
+        norm = self.source_norm(batch).to(device)
+        if batch.global_src_size is not None:  # src_index holds storage ids
+            w = norm[batch.src_index]
         else:
-            w = norm[block.src_nodes][block.src_index]
+            w = norm[batch.src_nodes][batch.src_index]
         if self.norm == "both":
-            degs = (block.indptr[1:] - block.indptr[:-1]).to(torch.float32).clamp(min=1)
-            w = w * degs.pow(-0.5)[block.dst_index]
+            degs = (batch.indptr[1:] - batch.indptr[:-1]).to(torch.float32).clamp(min=1)
+            w = w * degs.pow(-0.5)[batch.dst_index]
         return w
 
-    def run(self, x: Tensor, block: Block) -> Tensor:
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         if not self.global_norm:
-            return super().run(x, block)
-        w = self.edge_weight(block).to(x.dtype)
-        return _unnormalized(self.conv)(dgl_block(block), self.features(x, block), edge_weight=w)
+            return super().run(x, batch)
+        w = self.edge_weight(batch).to(x.dtype)
+        return _unnormalized(self.conv)(dgl_block(batch), self.features(x, batch), edge_weight=w)

@@ -1,4 +1,4 @@
-"""GCN (Kipf & Welling) on a block, with whole-graph degree normalization.
+"""GCN (Kipf & Welling) on a batch, with whole-graph degree normalization.
 
 .. math::
     h_v' = \\Theta^\\top \\sum_{u \\in N_{in}(v) \\cup \\{v\\}}
@@ -6,22 +6,22 @@
     \\qquad \\hat d_v = w_{vv} + \\sum_{u \\in N_{in}(v) \\setminus \\{v\\}} w_{uv}
 
 Exactness: :math:`\\hat d_u` is the *source* node's in-degree in the whole graph, which a
-block does not see (a neighbour's own in-edges are not in the block). ``prepare`` computes
+batch does not see (a neighbour's own in-edges are not in the batch). ``prepare`` computes
 the normalized weight of every CSC edge and every self-loop once per graph, mirroring
 PyG's ``gcn_norm`` (``add_remaining_self_loops`` keeps one loop per node, an existing
 loop keeps weight 1, otherwise the fill value). The fill value is *measured* from the
 installed PyG once: without edge weights, PyG 2.8 ignores ``improved`` (loops get 1), while
-older releases used 2 — hopserve matches whichever is installed. Each block
+older releases used 2 — hopserve matches whichever is installed. Each batch
 then runs the conv's own forward with ``normalize`` switched off and those weights as the
 sparse adjacency's values.
 
-Sampling: a sampled block (``block.sampling`` set, fanout below the graph's maximum
+Sampling: a sampled batch (``batch.sampling`` set, fanout below the graph's maximum
 in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled in-edges
 at layer :math:`l`; the model's forward on :math:`G_l` normalizes by :math:`G_l`'s degrees,
 so :math:`\\hat d` is taken there: :math:`\\hat d_u = w^{G_l}_{uu} + \\#\\{` sampled non-loop
 in-edges of :math:`u\\}`, where :math:`w^{G_l}_{uu}` is 1 when one of ``u``'s sampled in-edges
 is a self-loop, else the fill value (the exact path's rule, applied to :math:`G_l`). This
-holds for every source ``u`` of the block, including nodes that are not destinations of
+holds for every source ``u`` of the batch, including nodes that are not destinations of
 the request: their :math:`G_l` in-degree is :math:`\\min(d_u, f)` and only nodes with a
 self-loop and more than ``f`` in-edges need their own sample (hashing their in-edges,
 :func:`~hopserve.worker.graph.planner.sampled_in_degrees`), memoized per
@@ -39,7 +39,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block, ConvAdapter, Sampling
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch, Sampling
 from hopserve.worker.graph.planner import sampled_in_degrees
 
 # Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
@@ -62,7 +62,7 @@ def pyg_loop_fill(improved: bool) -> float:
 
 
 class GCNAdapter(ConvAdapter):
-    """Runs ``GCNConv`` exactly on a block using precomputed global edge weights."""
+    """Runs ``GCNConv`` exactly on a batch using precomputed global edge weights."""
 
     def __init__(self, conv: nn.Module) -> None:
         super().__init__(conv)
@@ -70,7 +70,7 @@ class GCNAdapter(ConvAdapter):
         self._edge_weight: Tensor | None = None  # [E] per CSC edge (0 for dropped loops)
         self._loop_weight: Tensor | None = None  # [N] added self-loop weight (or None)
         self._fill = 1.0
-        self._topology = None  # the graph's GraphTopology (sampled blocks read its CSC)
+        self._topology = None  # the graph's GraphTopology (sampled batches read its CSC)
         self._max_in_degree = 0
         self._graph_loops: Tensor | None = None  # [N] self-loops per node (None: no loops)
         self._sampled_loops: OrderedDict[Sampling, Tensor] = OrderedDict()
@@ -84,7 +84,7 @@ class GCNAdapter(ConvAdapter):
         indptr, indices = graph.indptr, graph.indices.long()
         n = graph.num_nodes
         dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-        # For sampled blocks: the graph's CSC, maximum in-degree and self-loop counts.
+        # For sampled batches: the graph's CSC, maximum in-degree and self-loop counts.
         self._topology = graph.topology
         self._max_in_degree = int((indptr[1:] - indptr[:-1]).max()) if n else 0
         self._graph_loops = None
@@ -116,21 +116,21 @@ class GCNAdapter(ConvAdapter):
             self._loop_weight = None
         self._graph_key = key
 
-    def _samples_graph(self, block: Block) -> bool:
-        """Whether ``block``'s graph :math:`G_l` differs from the whole graph."""
-        s = block.sampling
+    def _samples_graph(self, batch: LayerBatch) -> bool:
+        """Whether ``batch``'s graph :math:`G_l` differs from the whole graph."""
+        s = batch.sampling
         return s is not None and s.fanout < self._max_in_degree
 
-    def _adjacency(self, block: Block, dtype: torch.dtype) -> Tensor:
+    def _adjacency(self, batch: LayerBatch, dtype: torch.dtype) -> Tensor:
         if self._edge_weight is None:  # normalize=False: plain sum over in-edges
-            return block.adj_t(dtype=dtype)
-        if self._samples_graph(block):
-            return self._sampled_adjacency(block, dtype)
-        device = block.src_index.device
-        w = self._edge_weight.to(device)[block.edge_ids]
+            return batch.adj_t(dtype=dtype)
+        if self._samples_graph(batch):
+            return self._sampled_adjacency(batch, dtype)
+        device = batch.src_index.device
+        w = self._edge_weight.to(device)[batch.edge_ids]
         if self._loop_weight is None:
-            return block.adj_t(values=w.to(dtype))
-        return _one_loop_each(block, w, self._loop_weight.to(device)[block.dst_nodes], dtype)
+            return batch.adj_t(values=w.to(dtype))
+        return _one_loop_each(batch, w, self._loop_weight.to(device)[batch.dst_nodes], dtype)
 
     def _source_stats(self, sampling: Sampling, nodes: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`G_l` in-degree and self-loop count of storage ``nodes`` (CPU int64)."""
@@ -165,11 +165,11 @@ class GCNAdapter(ConvAdapter):
                 loops[miss] = found
         return kept, loops
 
-    def _sampled_adjacency(self, block: Block, dtype: torch.dtype) -> Tensor:
-        """The block's adjacency normalized by the degrees of its sampled graph :math:`G_l`."""
-        device = block.src_index.device
-        nodes = block.src_nodes.cpu()
-        deg, loops = self._source_stats(block.sampling, nodes)
+    def _sampled_adjacency(self, batch: LayerBatch, dtype: torch.dtype) -> Tensor:
+        """The batch's adjacency normalized by the degrees of its sampled graph :math:`G_l`."""
+        device = batch.src_index.device
+        nodes = batch.src_nodes.cpu()
+        deg, loops = self._source_stats(batch.sampling, nodes)
         if self.conv.add_self_loops:
             loop_w = torch.where(loops > 0, 1.0, self._fill).to(torch.float64)
             d_hat = loop_w + (deg - loops).to(torch.float64)
@@ -178,19 +178,19 @@ class GCNAdapter(ConvAdapter):
         dinv = d_hat.pow(-0.5)
         dinv[torch.isinf(dinv)] = 0
         dinv = dinv.to(device)
-        w = (dinv[block.src_index] * dinv[block.dst_index]).float()
+        w = (dinv[batch.src_index] * dinv[batch.dst_index]).float()
         if not self.conv.add_self_loops:
-            return block.adj_t(values=w.to(dtype))
-        n_dst = block.num_dst
+            return batch.adj_t(values=w.to(dtype))
+        n_dst = batch.num_dst
         own = (loop_w.to(device)[:n_dst] * dinv[:n_dst] * dinv[:n_dst]).float()
-        return _one_loop_each(block, w, own, dtype)
+        return _one_loop_each(batch, w, own, dtype)
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         # SpMM over a re-built CSR: indices, weights and the sort permutation per edge.
         return 40
 
-    def run(self, x: Tensor, block: Block) -> Tensor:
-        adj = self._adjacency(block, x.dtype)
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        adj = self._adjacency(batch, x.dtype)
         conv = self.conv
         with self._lock:
             saved = conv.normalize
@@ -201,19 +201,19 @@ class GCNAdapter(ConvAdapter):
                 conv.normalize = saved
 
 
-def _one_loop_each(block: Block, w: Tensor, loop_w: Tensor, dtype: torch.dtype) -> Tensor:
-    """``[B, n_src]`` CSR: the block's non-loop edges weighted ``w``, one loop per destination.
+def _one_loop_each(batch: LayerBatch, w: Tensor, loop_w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, n_src]`` CSR: the batch's non-loop edges weighted ``w``, one loop per destination.
 
     Existing self-loops are dropped; destination ``i`` gets the loop ``(i, i)`` weighted
     ``loop_w[i]`` (PyG's ``add_remaining_self_loops``).
     """
-    device = block.src_index.device
-    n_dst = block.num_dst
-    dst = block.dst_index
-    keep = block.src_index != dst
+    device = batch.src_index.device
+    n_dst = batch.num_dst
+    dst = batch.dst_index
+    keep = batch.src_index != dst
     loops = torch.arange(n_dst, device=device)
     rows = torch.cat([dst[keep], loops])
-    cols = torch.cat([block.src_index[keep], loops])
+    cols = torch.cat([batch.src_index[keep], loops])
     vals = torch.cat([w[keep], loop_w])
     order = torch.argsort(rows, stable=True)
     counts = torch.bincount(rows, minlength=n_dst)
@@ -223,6 +223,6 @@ def _one_loop_each(block: Block, w: Tensor, loop_w: Tensor, dtype: torch.dtype) 
         indptr,
         cols[order],
         vals[order].to(dtype),
-        size=(n_dst, block.num_src),
+        size=(n_dst, batch.num_src),
         check_invariants=False,
     )

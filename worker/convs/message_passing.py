@@ -3,13 +3,13 @@
 .. math::
     h_v' = \\gamma\\big(h_v,\\ \\bigoplus_{u \\in N_{in}(v)} \\phi(h_v, h_u)\\big)
 
-Exactness: the block holds every in-edge of each destination (destination-first source
+Exactness: the batch holds every in-edge of each destination (destination-first source
 rows), so :math:`N_{in}(v)` and :math:`h_v` are complete for every destination row, and
 any self-loop handling inside the conv (``add_self_loops``) sees the destination's own
 row at the same local index. Rows of the output other than destinations are never
 produced (pair input) or sliced away (square input).
 
-Layout: for sum/mean aggregations on convs with a fused ``message_and_aggregate`` the block
+Layout: for sum/mean aggregations on convs with a fused ``message_and_aggregate`` the batch
 is passed as a sparse CSR ``adj_t`` (one SpMM, no ``[E, d]`` message tensor); otherwise
 as ``edge_index``.
 """
@@ -20,7 +20,7 @@ import inspect
 
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import Block, ConvAdapter
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 
 _FUSABLE_AGGRS = {"add", "sum", "mean"}
 
@@ -64,14 +64,14 @@ class MessagePassingAdapter(ConvAdapter):
         # Fused SpMM materializes no messages: a column index and a value per edge.
         return 12 if self.use_csr else src_row_bytes
 
-    def run(self, x: Tensor, block: Block) -> Tensor:
-        n_dst = block.num_dst
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        n_dst = batch.num_dst
         if self.use_csr:
-            adj = block.adj_t(dtype=x.dtype)
-            inp = (x, block.dst_rows(x)) if self.pair else x
+            adj = batch.adj_t(dtype=x.dtype)
+            inp = (x, batch.dst_rows(x)) if self.pair else x
             out = self.conv(inp, adj)
             return out if self.pair else out[:n_dst]
         if self.pair:
-            kwargs = {"size": (block.num_src, n_dst)} if self._takes_size else {}
-            return self.conv((x, x[:n_dst]), block.edge_index, **kwargs)
-        return self.conv(x, block.edge_index)[:n_dst]
+            kwargs = {"size": (batch.num_src, n_dst)} if self._takes_size else {}
+            return self.conv((x, x[:n_dst]), batch.edge_index, **kwargs)
+        return self.conv(x, batch.edge_index)[:n_dst]

@@ -1,4 +1,4 @@
-"""Support matrix: which conv classes run exactly on a block, through which adapter.
+"""Support matrix: which conv classes run exactly on a batch, through which adapter.
 
 Status per class:
 
@@ -71,9 +71,9 @@ def register_conv(
 
     Args:
         cls: the conv module class (any ``nn.Module`` with ``forward(x, edge_index, ...)``).
-        adapter: a factory ``conv -> ConvAdapter``; default runs the conv on the block.
+        adapter: a factory ``conv -> ConvAdapter``; default runs the conv on the batch.
         pair: whether ``forward`` accepts a ``(x_src, x_dst)`` pair (PyG bipartite input);
-            if not, the conv runs on the square block and destination rows are sliced.
+            if not, the conv runs on the square batch and destination rows are sliced.
         note: shown in the support matrix.
         style: ``"pyg"`` (``forward(x, edge_index)``) or ``"dgl"`` (``forward(graph, feat)``,
             run on a DGL block); default: ``"dgl"`` for subclasses of ``dgl.nn`` modules
@@ -272,7 +272,7 @@ def is_conv_module(module: nn.Module) -> bool:
 
 
 def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:
-    """Return the adapter that runs ``module`` exactly on a block, or refuse with a reason."""
+    """Return the adapter that runs ``module`` exactly on a batch, or refuse with a reason."""
     _load_builtins()
     _maybe_dgl(type(module))
     flow = getattr(module, "flow", "source_to_target")

@@ -1,4 +1,4 @@
-"""One batch of one layer: destination rows → a local :class:`Block` and its inputs.
+"""One batch of one layer: destination rows → a local :class:`LayerBatch` and its inputs.
 
 Source rows are destination-first; the remaining in-neighbours follow in ascending storage
 id. For a contiguous run of destinations (full evaluation over RCMK order) the in-edges
@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hopserve.worker.convs.base import Block, Sampling
+from hopserve.worker.convs.base import LayerBatch, Sampling
 from hopserve.worker.graph.planner import LayerFrontier, segment_positions
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
 from hopserve.worker.trace.splitter import SRC
 
-__all__ = ["FrontierError", "PreparedBatch", "build_block", "prepare", "row_positions"]
+__all__ = ["FrontierError", "PreparedBatch", "build_batch", "prepare", "row_positions"]
 
 # Bytes a block's local index tensors take per in-edge (indptr share, source index, edge id).
 INDEX_BYTES_PER_EDGE = 24
@@ -34,9 +34,9 @@ def _tensor(a: np.ndarray) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
 
 
-def build_block(
+def build_batch(
     graph, frontier: LayerFrontier, start: int, end: int, layer: int, global_src: bool = False
-) -> Block:
+) -> LayerBatch:
     """The block of rows ``start:end`` of ``frontier`` (layer 0 = no edges).
 
     With ``global_src`` the sources stay storage ids (no renumbering, no gather): the
@@ -48,7 +48,7 @@ def build_block(
     num_dst = int(dst.numel())
     if layer == 0:
         empty = torch.empty(0, dtype=torch.long)
-        return Block(dst, num_dst, torch.zeros(num_dst + 1, dtype=torch.long), empty, empty, 0)
+        return LayerBatch(dst, num_dst, torch.zeros(num_dst + 1, dtype=torch.long), empty, empty, 0)
 
     sampling = None
     if frontier.sampled:
@@ -72,7 +72,7 @@ def build_block(
         torch.cumsum(torch.from_numpy(counts), 0, out=indptr[1:])
 
     if global_src:
-        return Block(
+        return LayerBatch(
             dst,
             num_dst,
             indptr,
@@ -95,7 +95,7 @@ def build_block(
     src_index = torch.empty_like(src)
     src_index[is_dst] = dst_pos[is_dst]
     src_index[~is_dst] = inverse + num_dst
-    return Block(
+    return LayerBatch(
         torch.cat([dst, uniq]), num_dst, indptr, src_index, edge_ids, layer, sampling=sampling
     )
 
@@ -141,7 +141,7 @@ class PreparedBatch:
 
     start: int
     end: int
-    block: Block
+    batch: LayerBatch
     inputs: list[Tensor]
     bytes_in: int  # accounted bytes known before compute
     event: object = None  # CUDA event marking the end of the host-to-device copy
@@ -166,14 +166,14 @@ def prepare(
     for all nodes). Gather-free source inputs are the whole tables (no copy, no account).
     On CUDA the block and inputs are copied on ``copy_stream`` and ``event`` marks the end.
     """
-    blk = build_block(graph, frontier, start, end, block.index, global_src=gather_free)
+    batch = build_batch(graph, frontier, start, end, block.index, global_src=gather_free)
     inputs, nbytes = [], 0
     for spec in block.inputs:
         if gather_free and spec.rows == SRC:  # the whole node table, no copy
             table = graph.features if spec.producer == FEATURES else stored[spec.name][0]
             inputs.append(table)
             continue
-        ids = blk.src_nodes if spec.rows == SRC else blk.dst_nodes
+        ids = batch.src_nodes if spec.rows == SRC else batch.dst_nodes
         if spec.producer == FEATURES:
             t = graph.features.index_select(0, ids)
             if t.dtype == torch.float16:
@@ -197,11 +197,11 @@ def prepare(
     if gather_free:
         src_row_bytes = 0  # nothing gathered; fused SpMM reads the table in place
     per_edge = max((split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0)
-    nbytes += blk.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
-    prepared = PreparedBatch(start, end, blk, inputs, nbytes)
+    nbytes += batch.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
+    prepared = PreparedBatch(start, end, batch, inputs, nbytes)
     if copy_stream is not None:
         with torch.cuda.stream(copy_stream):
-            prepared.block = blk.to(device, non_blocking=True)
+            prepared.batch = batch.to(device, non_blocking=True)
             prepared.inputs = [
                 t if t.device == device else t.pin_memory().to(device, non_blocking=True)
                 for t in inputs

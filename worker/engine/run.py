@@ -246,8 +246,8 @@ class LayerwiseRun:
             sizer.observe(used)
             lstats.peak_bytes = max(lstats.peak_bytes, used)
             lstats.batches += 1
-            lstats.input_nodes += prepared.block.num_dst if gather_free else prepared.block.num_src
-            lstats.edges += prepared.block.num_edges
+            lstats.input_nodes += prepared.batch.num_dst if gather_free else prepared.batch.num_src
+            lstats.edges += prepared.batch.num_edges
             if bar is not None:
                 bar.update(num_dst)
             start = prepared.end
@@ -263,8 +263,14 @@ class LayerwiseRun:
         if prepared.event is not None:
             stream = torch.cuda.current_stream(ctx.device)
             stream.wait_event(prepared.event)
-            blk = prepared.block
-            for x in (*prepared.inputs, blk.src_nodes, blk.indptr, blk.src_index, blk.edge_ids):
+            batch = prepared.batch
+            for x in (
+                *prepared.inputs,
+                batch.src_nodes,
+                batch.indptr,
+                batch.src_index,
+                batch.edge_ids,
+            ):
                 x.record_stream(stream)
         stats.transfer_s += time.perf_counter() - t
         num_dst = prepared.end - prepared.start
@@ -277,7 +283,7 @@ class LayerwiseRun:
         t = time.perf_counter()
         self.peak.start()
         with torch.no_grad():
-            outs = block.module(prepared.block, *prepared.inputs)
+            outs = block.module(prepared.batch, *prepared.inputs)
         if ctx.device.type == "cuda":
             torch.cuda.current_stream(ctx.device).synchronize()
         dt = time.perf_counter() - t

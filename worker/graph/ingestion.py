@@ -22,9 +22,9 @@ import numpy as np
 
 from hopserve.worker.graph.atomic import check_target
 from hopserve.worker.graph.build import BuildStats, build_csc, normalize_reorder
+from hopserve.worker.graph.contents import ArrayFeatures, contents_from_csc, write_contents
 from hopserve.worker.graph.errors import IngestError
 from hopserve.worker.graph.ids import IdIndex
-from hopserve.worker.graph.plan import ArrayFeatures, plan_from_csc, write_plan
 from hopserve.worker.graph.readers import (
     EdgeList,
     check_features_finite,
@@ -163,7 +163,7 @@ def ingest_with_stats(
         progress=progress,
     )
     del src, dst, edge_list
-    plan = plan_from_csc(csc, ArrayFeatures(feats), labels=lab, node_ids=ids)
-    write_plan(out, plan, overwrite=overwrite, progress=progress)
+    contents = contents_from_csc(csc, ArrayFeatures(feats), labels=lab, node_ids=ids)
+    write_contents(out, contents, overwrite=overwrite, progress=progress)
     log.info("ingest done in %.1fs", time.perf_counter() - t0)
     return IngestResult(GraphStore.open(out), csc.stats)

@@ -18,20 +18,20 @@ import numpy as np
 import torch
 
 from hopserve.worker.graph.build import build_csc, validate_labels, validate_node_ids
+from hopserve.worker.graph.contents import (
+    ArrayFeatures,
+    GraphArrays,
+    StoreContents,
+    contents_from_csc,
+    materialize,
+    write_contents,
+)
 from hopserve.worker.graph.errors import GraphFormatError
 from hopserve.worker.graph.format import (
     FEATURES_FILE,
     LABELS_FILE,
     GraphMeta,
     load_array,
-)
-from hopserve.worker.graph.plan import (
-    ArrayFeatures,
-    GraphArrays,
-    StoragePlan,
-    materialize,
-    plan_from_csc,
-    write_plan,
 )
 from hopserve.worker.graph.topology import GraphTopology
 
@@ -204,7 +204,9 @@ class GraphStore:
             reorder=reorder,
             progress=progress,
         )
-        arrays = materialize(plan_from_csc(csc, x_np, labels=lab, node_ids=ids), progress=progress)
+        arrays = materialize(
+            contents_from_csc(csc, x_np, labels=lab, node_ids=ids), progress=progress
+        )
         if x_is_tensor and arrays.features is x_np:
             arrays.features = x.detach()  # keep the caller's tensor object (no copy)
         return cls._from_arrays(arrays)
@@ -295,7 +297,7 @@ class GraphStore:
         Raises:
             FileExistsError: ``path`` exists, is not empty and ``overwrite`` is false.
         """
-        plan = StoragePlan(
+        contents = StoreContents(
             indptr=self.indptr.numpy(),
             indices=self.indices.numpy(),
             features=ArrayFeatures(self.features.detach().cpu().numpy()),
@@ -305,7 +307,7 @@ class GraphStore:
             ordering=self.ordering,
             flags=self.meta.flags,
         )
-        meta = write_plan(path, plan, overwrite=overwrite, progress=progress)
+        meta = write_contents(path, contents, overwrite=overwrite, progress=progress)
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug
             log.warning("saved version %s differs from %s", meta.version, self.version)
 

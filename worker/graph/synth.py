@@ -29,7 +29,7 @@ import numpy as np
 
 from hopserve.worker.graph.atomic import check_target
 from hopserve.worker.graph.build import CSC, build_csc
-from hopserve.worker.graph.plan import materialize, plan_from_csc, write_plan
+from hopserve.worker.graph.contents import contents_from_csc, materialize, write_contents
 from hopserve.worker.graph.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -257,10 +257,10 @@ def _finish(
         labels=storage_labels,
         centroids=centroids,
     )
-    plan = plan_from_csc(csc, feats, labels=labels, features_in_storage_order=True)
+    contents = contents_from_csc(csc, feats, labels=labels, features_in_storage_order=True)
     if out is None:
-        return GraphStore._from_arrays(materialize(plan, progress=progress))
-    write_plan(out, plan, overwrite=overwrite, progress=progress)
+        return GraphStore._from_arrays(materialize(contents, progress=progress))
+    write_contents(out, contents, overwrite=overwrite, progress=progress)
     return GraphStore.open(out)
 
 

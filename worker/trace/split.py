@@ -171,7 +171,7 @@ class _BlockCodegen:
         self.conv_x = conv_x
         self.adapter_names = adapter_names
         self.g = fx.Graph()
-        self.blk = self.g.placeholder("block")
+        self.batch = self.g.placeholder("batch")
         self.env: dict[fx.Node, fx.Node] = {}
         self.sliced: dict[fx.Node, fx.Node] = {}
         self.consts: dict[fx.Node, fx.Node] = {}
@@ -223,10 +223,10 @@ class _BlockCodegen:
     def _arg(self, user: fx.Node, a: fx.Node) -> fx.Node:
         if a not in self.env:
             # The graph input (only convs take it) or a feature-independent constant.
-            return self.blk if a.op == "placeholder" else self._const(a)
+            return self.batch if a.op == "placeholder" else self._const(a)
         if self.need(user) == DST and self.rows(a) == SRC and self.facts[a].row:
             if a not in self.sliced:
-                self.sliced[a] = self.g.call_function(dst_rows, (self.env[a], self.blk))
+                self.sliced[a] = self.g.call_function(dst_rows, (self.env[a], self.batch))
             return self.sliced[a]
         return self.env[a]
 
@@ -237,7 +237,7 @@ class _BlockCodegen:
             if n in self.conv_nodes:
                 x_in = self._arg(n, self.conv_x[n])
                 target = f"adapters.{self.adapter_names[str(n.target)]}"
-                self.env[n] = self.g.call_module(target, (x_in, self.blk))
+                self.env[n] = self.g.call_module(target, (x_in, self.batch))
                 convs.append(str(n.target))
             else:
                 self.env[n] = self._copy(n, lambda a, n=n: self._arg(n, a))
@@ -264,7 +264,7 @@ class _BlockCodegen:
         for n in outs:
             v = self.env[n]
             if self.part.rows_of[n] == SRC:
-                v = self.g.call_function(dst_rows, (v, self.blk))
+                v = self.g.call_function(dst_rows, (v, self.batch))
             values.append(v)
         self.g.output(tuple(values))
         return fx.GraphModule(root, self.g, f"ConvBlock{self.index}")

@@ -11,7 +11,7 @@ import torch
 
 import hopserve
 from hopserve.worker.graph import GraphFormatError, GraphStore, UnknownNodeError
-from hopserve.worker.graph import plan as build_mod
+from hopserve.worker.graph import contents as build_mod
 
 
 def _small(reorder="rcmk", seed=0, n=30, e=90, **kw):

@@ -1,8 +1,8 @@
-"""Storage plans: pair a CSC with features, labels and external IDs, then materialize or write.
+"""Store contents: a CSC paired with features, labels and external IDs, to materialize or write.
 
-A :class:`StoragePlan` holds everything a graph store holds, in storage order, except that
+A :class:`StoreContents` holds everything a graph store holds, in storage order, except that
 feature rows are still to be read from a :class:`FeatureSource` (so features never have to
-fit in memory). :func:`materialize` builds the arrays in memory; :func:`write_plan` streams
+fit in memory). :func:`materialize` builds the arrays in memory; :func:`write_contents` streams
 them into a graph-store directory atomically (:mod:`~.atomic`). Both hash the same bytes
 in the same order into the version id (:mod:`~.version`), so an in-memory store and its
 saved copy share one version.
@@ -39,11 +39,11 @@ from hopserve.worker.graph.version import VersionHasher
 __all__ = [
     "FeatureSource",
     "ArrayFeatures",
-    "StoragePlan",
+    "StoreContents",
     "GraphArrays",
-    "plan_from_csc",
+    "contents_from_csc",
     "materialize",
-    "write_plan",
+    "write_contents",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class ArrayFeatures:
 
 
 @dataclass
-class StoragePlan:
+class StoreContents:
     """Everything a graph store holds, in storage order, with features still to be read.
 
     Feature row of storage node ``s`` is ``features.read(feature_perm[s])`` (or row ``s``
@@ -177,14 +177,14 @@ class StoragePlan:
         return h
 
 
-def plan_from_csc(
+def contents_from_csc(
     csc: CSC,
     features: FeatureSource | np.ndarray,
     *,
     labels: np.ndarray | None = None,
     node_ids: np.ndarray | None = None,
     features_in_storage_order: bool = False,
-) -> StoragePlan:
+) -> StoreContents:
     """Pair a CSC with features/labels/external IDs given in INPUT order.
 
     External IDs in storage order are ``node_ids[perm]``; without ``node_ids`` they are the
@@ -204,7 +204,7 @@ def plan_from_csc(
         node_ids = node_ids if perm is None else node_ids[perm]
     elif perm is not None:
         node_ids = perm
-    return StoragePlan(
+    return StoreContents(
         indptr=csc.indptr,
         indices=csc.indices,
         features=src,
@@ -228,24 +228,26 @@ class GraphArrays:
     labels: np.ndarray | None
 
 
-def materialize(plan: StoragePlan, *, progress: bool = False) -> GraphArrays:
+def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArrays:
     """Build the arrays in memory; features are not copied when already usable as-is."""
-    h = plan._hash_static()
+    h = contents._hash_static()
     direct = None
-    if plan.feature_perm is None and isinstance(plan.features, ArrayFeatures):
-        direct = plan.features.as_storage_array()
+    if contents.feature_perm is None and isinstance(contents.features, ArrayFeatures):
+        direct = contents.features.as_storage_array()
     if direct is not None:
         feats = direct
         step = max(1, _CHUNK_BYTES // max(1, feats.shape[1] * feats.itemsize))
         for start in range(0, feats.shape[0], step):
             h.feed(feats[start : start + step])
     else:
-        feats = np.empty((plan.num_nodes, plan.features.dim), dtype=plan.features.dtype)
-        for start, rows in plan.feature_chunks(progress=progress):
+        feats = np.empty((contents.num_nodes, contents.features.dim), dtype=contents.features.dtype)
+        for start, rows in contents.feature_chunks(progress=progress):
             feats[start : start + rows.shape[0]] = rows
             h.feed(rows)
-    meta = GraphMeta(**plan.header(), version=h.hexdigest(), created_at=utc_now())
-    return GraphArrays(meta, plan.indptr, plan.indices, feats, plan.node_ids, plan.labels)
+    meta = GraphMeta(**contents.header(), version=h.hexdigest(), created_at=utc_now())
+    return GraphArrays(
+        meta, contents.indptr, contents.indices, feats, contents.node_ids, contents.labels
+    )
 
 
 def _save(path: Path, arr: np.ndarray) -> None:
@@ -253,8 +255,8 @@ def _save(path: Path, arr: np.ndarray) -> None:
         np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
 
 
-def write_plan(
-    out: str | Path, plan: StoragePlan, *, overwrite: bool = False, progress: bool = True
+def write_contents(
+    out: str | Path, contents: StoreContents, *, overwrite: bool = False, progress: bool = True
 ) -> GraphMeta:
     """Write a graph-store directory atomically (see :mod:`~.atomic`); return its meta.
 
@@ -263,26 +265,26 @@ def write_plan(
     """
     t0 = time.perf_counter()
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        h = plan._hash_static()
-        _save(tmp / INDPTR_FILE, plan.indptr)
-        _save(tmp / INDICES_FILE, plan.indices)
-        if plan.node_ids is not None:
-            _save(tmp / NODE_IDS_FILE, plan.node_ids.astype(np.int64, copy=False))
-        if plan.labels is not None:
-            _save(tmp / LABELS_FILE, plan.labels.astype(np.int64, copy=False))
-        shape = (plan.num_nodes, plan.features.dim)
+        h = contents._hash_static()
+        _save(tmp / INDPTR_FILE, contents.indptr)
+        _save(tmp / INDICES_FILE, contents.indices)
+        if contents.node_ids is not None:
+            _save(tmp / NODE_IDS_FILE, contents.node_ids.astype(np.int64, copy=False))
+        if contents.labels is not None:
+            _save(tmp / LABELS_FILE, contents.labels.astype(np.int64, copy=False))
+        shape = (contents.num_nodes, contents.features.dim)
         if shape[0] * shape[1] == 0:  # numpy cannot memory-map an empty array
-            _save(tmp / FEATURES_FILE, np.zeros(shape, dtype=plan.features.dtype))
+            _save(tmp / FEATURES_FILE, np.zeros(shape, dtype=contents.features.dtype))
         else:
             fm = np.lib.format.open_memmap(
-                tmp / FEATURES_FILE, mode="w+", dtype=plan.features.dtype, shape=shape
+                tmp / FEATURES_FILE, mode="w+", dtype=contents.features.dtype, shape=shape
             )
-            for start, rows in plan.feature_chunks(progress=progress):
+            for start, rows in contents.feature_chunks(progress=progress):
                 fm[start : start + rows.shape[0]] = rows
                 h.feed(rows)
             fm.flush()
             del fm
-        meta = GraphMeta(**plan.header(), version=h.hexdigest(), created_at=utc_now())
+        meta = GraphMeta(**contents.header(), version=h.hexdigest(), created_at=utc_now())
         write_meta(tmp, meta)
     log.info("wrote %s (%s) in %.1fs", out, meta.version, time.perf_counter() - t0)
     return meta
