@@ -33,18 +33,20 @@ run; absolute times only mean something on the machine that produced them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent
+import harness
+
 FULL_METHODS = ("hopserve", "hopserve-unordered", "dgl-manual", "dgl-nodewise", "dgl-fullgraph")
 PARTIAL_METHODS = ("hopserve", "dgl-nodewise")
+# Options the parent passes on to each child run.
+CHILD_KEYS = (
+    "dim", "hidden", "out_dim", "heads", "device", "threads", "budget_mb", "nodewise_batch",
+    "nodewise_budget",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- model
@@ -185,20 +187,7 @@ def dgl_nodewise(model, g, x, targets, batch_size: int, budget_s: float):
 
 
 # --------------------------------------------------------------------------- one method
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed(fn, repeat: int) -> tuple[object, list[float]]:
-    secs, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        secs.append(time.perf_counter() - t0)
-    return out, secs
-
-
-def run_method(args) -> dict:
+def run_method(args: argparse.Namespace) -> dict[str, Any]:
     """Run one (method, model, layers[, fraction]) here; print its RESULT line."""
     import numpy as np
     import torch
@@ -216,40 +205,33 @@ def run_method(args) -> dict:
         count = max(1, round(args.fraction * n))
         targets = torch.from_numpy(np.sort(gen.choice(n, size=count, replace=False)))
     method = args.method
-    result: dict = {"method": method, "model": args.model, "layers": args.num_layers}
+    result: dict[str, Any] = {"method": method, "model": args.model, "layers": args.num_layers}
     if args.fraction is not None:
         result.update(fraction=args.fraction, targets=int(targets.numel()))
     rows = targets if targets is not None else torch.arange(n)
     if method in ("hopserve", "hopserve-unordered"):
         store = GraphStore.open(args.graph_rcmk if method == "hopserve" else args.graph_orig)
-        ev = LayerwiseEvaluator(
-            model,
-            store,
-            device=args.device,
-            progress=False,
-            memory_budget_bytes=args.budget_mb << 20,
-        )
-        out, secs = timed(lambda: ev.evaluate(targets), args.repeat)
+        ev = LayerwiseEvaluator(model, store, **harness.evaluator_options(args))
+        out, secs = harness.timed(lambda: ev.evaluate(targets), args.repeat)
         s = ev.last_stats
-        result["stages"] = {
-            k: round(getattr(s, k), 3)
-            for k in ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s")
-        }
+        result["stages"] = harness.stage_seconds(
+            s, ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s")
+        )
         result["batches"] = s.batches
         result["gather_free_layers"] = [ly.layer for ly in s.layers if ly.gather_free]
     elif method == "dgl-fullgraph":
         g = dgl_graph_of(orig)
         with torch.no_grad():
-            out, secs = timed(lambda: model(g, x), args.repeat)
+            out, secs = harness.timed(lambda: model(g, x), args.repeat)
         np.save(Path(args.scratch) / f"ref-{args.model}-{args.num_layers}.npy", out.numpy())
     elif method == "dgl-manual":
         g = dgl_graph_of(orig)
         grid = {}
         for bs in args.batch_grid:
-            _, s1 = timed(lambda bs=bs: dgl_manual(model, g, x, bs), 1)
+            _, s1 = harness.timed(lambda bs=bs: dgl_manual(model, g, x, bs), 1)
             grid[bs] = round(s1[0], 3)
         best = min(grid, key=grid.get)
-        out, secs = timed(lambda: dgl_manual(model, g, x, best), max(1, args.repeat - 1))
+        out, secs = harness.timed(lambda: dgl_manual(model, g, x, best), max(1, args.repeat - 1))
         secs.append(grid[best])
         result["batch_size"], result["grid_seconds"] = best, grid
     elif method == "dgl-nodewise":
@@ -265,14 +247,12 @@ def run_method(args) -> dict:
         result["extrapolated"] = alpha < 1
     else:
         raise SystemExit(f"unknown method {method!r}")
-    result["seconds"] = min(secs)
-    result["runs_seconds"] = [round(v, 3) for v in secs]
-    result["median_seconds"] = sorted(secs)[len(secs) // 2]
-    result["peak_rss_mb"] = rss_mb()
+    result.update(harness.run_stats(secs))
+    result["peak_rss_mb"] = harness.peak_rss_mb()
     tag = _tag(args.model, args.num_layers, args.fraction)
     np.save(Path(args.scratch) / f"{tag}-{method}-rows.npy", rows.numpy())
     np.save(Path(args.scratch) / f"{tag}-{method}-out.npy", out.numpy())
-    print("RESULT " + json.dumps(result))
+    harness.emit_result(result)
     return result
 
 
@@ -282,41 +262,30 @@ def _tag(model: str, layers: int, fraction: float | None) -> str:
 
 # --------------------------------------------------------------------------- driver
 def run_subprocess(
-    args,
-    graphs: dict,
+    args: argparse.Namespace,
+    graphs: dict[str, str],
     scratch: Path,
     method: str,
     model: str,
     layers: int,
     fraction: float | None = None,
     repeat: int | None = None,
-) -> dict:
-    cmd = [
-        sys.executable, __file__, "--method", method, "--model", model,
-        "--num-layers", str(layers), "--graph-rcmk", graphs["rcmk"],
-        "--graph-orig", graphs["orig"], "--scratch", str(scratch),
+) -> dict[str, Any]:
+    """Run one (method, model, layers[, fraction]) in a fresh interpreter; its RESULT."""
+    cmd = harness.script_command(
+        __file__, args, CHILD_KEYS,
+        "--method", method, "--model", model, "--num-layers", str(layers),
+        "--graph-rcmk", graphs["rcmk"], "--graph-orig", graphs["orig"], "--scratch", str(scratch),
         "--repeat", str(repeat if repeat is not None else args.repeat),
         "--batch-grid", ",".join(map(str, args.batch_grid)),
-    ]  # fmt: skip
-    if fraction is not None:
-        cmd += ["--fraction", repr(fraction)]
-    for key in (
-        "dim", "hidden", "out_dim", "heads", "device", "threads", "budget_mb",
-        "nodewise_batch", "nodewise_budget",
-    ):  # fmt: skip
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        *(["--fraction", repr(fraction)] if fraction is not None else []),
+    )  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{method} {model} L={layers} failed:\n{proc.stderr[-4000:]}")
-    res = json.loads(line[len("RESULT ") :])
-    print(
-        f"  {method:<19} {_tag(model, layers, fraction):<16} {res['seconds']:9.2f}s "
-        f"(wall {time.perf_counter() - t0:.0f}s)",
-        file=sys.stderr,
-        flush=True,
+    tag = _tag(model, layers, fraction)
+    res = harness.run_child(cmd, f"{method} {model} L={layers}", env=env)
+    harness.log(
+        f"  {method:<19} {tag:<16} {res['seconds']:9.2f}s (wall {time.perf_counter() - t0:.0f}s)"
     )
     return res
 
@@ -329,39 +298,37 @@ def max_diff(scratch: Path, tag: str, method: str, ref) -> float:
     return float(np.abs(out - ref[rows]).max()) if rows.size else 0.0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=200_000)
-    p.add_argument("--avg-degree", type=float, default=20.0)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--out-dim", type=int, default=64)
+def parse_args() -> argparse.Namespace:
+    p = harness.parser(__doc__)
+    harness.add_graph_args(p, nodes=200_000, avg_degree=20.0, dim=128)
+    harness.add_model_args(p, hidden=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--models", default="gcn,sage,gat,jknet")
     p.add_argument("--layers", default="1,2,3", help="layer counts for full evaluation")
     p.add_argument("--fractions", default="0.0001,0.001,0.01,0.1")
     p.add_argument("--partial-models", default="gcn,sage,gat")
     p.add_argument("--partial-layers", type=int, default=2)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--budget-mb", type=int, default=64, help="hopserve CPU batch budget")
+    harness.add_engine_args(p)
     p.add_argument("--batch-grid", default="1024,4096,16384", help="DGL-manual batch sizes")
     p.add_argument("--nodewise-batch", type=int, default=256)
     p.add_argument("--nodewise-budget", type=float, default=20.0, help="seconds per run")
     p.add_argument("--repeat", type=int, default=3, help="runs of the fast methods")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="20K nodes, 2 layers, short budgets")
-    p.add_argument("--data", default=str(ROOT.parent / "data" / "bench-powerlaw"))
-    p.add_argument("--out", default=str(ROOT / "results"))
+    harness.add_io_args(p)
     p.add_argument("--skip-partial", action="store_true")
     p.add_argument("--skip-full", action="store_true")
     # internal (one method in a subprocess)
-    for hidden_arg in ("--method", "--model", "--graph-rcmk", "--graph-orig", "--scratch"):
-        p.add_argument(hidden_arg, help=argparse.SUPPRESS)
-    p.add_argument("--num-layers", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--fraction", type=float, help=argparse.SUPPRESS)
+    harness.add_child_args(
+        p, "method", "model", "graph_rcmk", "graph_orig", "scratch", num_layers=int, fraction=float
+    )
     args = p.parse_args()
     args.batch_grid = [int(b) for b in str(args.batch_grid).split(",")]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.method:
         run_method(args)
         return
@@ -369,11 +336,11 @@ def main() -> None:
         args.nodes, args.layers, args.repeat = 20_000, "1,2", 1
         args.nodewise_budget, args.fractions = 5.0, "0.001,0.01,0.1"
     t_start = time.perf_counter()
-    sys.path.insert(0, str(ROOT))
-    from full_eval import build_graphs  # the same graph files as bench/full_eval.py
-
+    # The same graph files as bench/full_eval.py.
     args.data = f"{args.data}-{args.nodes}-{args.avg_degree:g}-{args.dim}"
-    graphs = build_graphs(args)
+    graphs = harness.powerlaw_pair(
+        Path(args.data), args.nodes, args.avg_degree, args.dim, seed=args.seed
+    )
     scratch = Path(args.data) / "dgl-outputs"
     scratch.mkdir(parents=True, exist_ok=True)
     for stale in scratch.glob("*.npy"):  # references and outputs of earlier runs
@@ -411,7 +378,7 @@ def run_config(args, graphs, scratch: Path, model: str, layers: int) -> dict:
     """All full-evaluation methods for one (model, layers), compared with the reference."""
     import numpy as np
 
-    print(f"full: {model} x{layers}", file=sys.stderr, flush=True)
+    harness.log(f"full: {model} x{layers}")
     results = {}
     for method in FULL_METHODS:
         results[method] = run_subprocess(args, graphs, scratch, method, model, layers)
@@ -422,7 +389,7 @@ def run_config(args, graphs, scratch: Path, model: str, layers: int) -> dict:
 
 
 def run_partial(args, graphs, scratch: Path, model: str, layers: int, fraction: float, ref):
-    print(f"partial: {model} x{layers} {fraction:.2%}", file=sys.stderr, flush=True)
+    harness.log(f"partial: {model} x{layers} {fraction:.2%}")
     results = {}
     for method in PARTIAL_METHODS:
         results[method] = run_subprocess(args, graphs, scratch, method, model, layers, fraction)
@@ -449,7 +416,7 @@ def _setup(args, graphs, total_s: float) -> dict:
         "model_dims": {"hidden": args.hidden, "out": args.out_dim, "gat_heads": args.heads},
         "device": args.device,
         "threads": args.threads,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": harness.machine_line(),
         "versions": {"torch": torch.__version__, "dgl": dgl.__version__},
         "hopserve_budget_mb": args.budget_mb,
         "dgl_manual_batch_grid": args.batch_grid,
@@ -459,9 +426,15 @@ def _setup(args, graphs, total_s: float) -> dict:
     }
 
 
-def report(args, graphs, full: list[dict], partial: list[dict], total_s: float) -> None:
+def report(
+    args: argparse.Namespace,
+    graphs: dict[str, str],
+    full: list[dict[str, Any]],
+    partial: list[dict[str, Any]],
+    total_s: float,
+) -> None:
+    """``dgl_full.{json,md,png}`` and ``dgl_partial.{json,md,png}`` (those that ran)."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     setup = _setup(args, graphs, total_s)
     head = (
         f"{setup['graph']['nodes']:,} nodes, {setup['graph']['edges']:,} edges "
@@ -471,36 +444,8 @@ def report(args, graphs, full: list[dict], partial: list[dict], total_s: float) 
         f"dgl {setup['versions']['dgl']}."
     )
     if full:
-        for row in full:
-            r = row["results"]
-            hop = r["hopserve"]["seconds"]
-            row["speedup_vs_dgl_manual"] = r["dgl-manual"]["seconds"] / hop
-            row["speedup_vs_dgl_nodewise"] = r["dgl-nodewise"]["seconds"] / hop
-        (out / "dgl_full.json").write_text(json.dumps({"setup": setup, "rows": full}, indent=2))
-        lines = [
-            f"Full evaluation — hopserve vs DGL's own inference. {head}",
-            "",
-            "| model | L | hopserve (s) | hopserve unordered (s) | DGL-manual (s) [batch] "
-            "| DGL node-wise (s) | DGL full-graph (s) | vs DGL-manual | vs node-wise "
-            "| max abs diff vs full-graph: hopserve / manual / node-wise |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for row in full:
-            r = row["results"]
-            nw = r["dgl-nodewise"]
-            nw_note = f" (t/α, α={nw['alpha']:.3f})" if nw.get("extrapolated") else ""
-            diffs = " / ".join(
-                f"{r[m]['max_abs_diff_vs_fullgraph']:.1e}"
-                for m in ("hopserve", "dgl-manual", "dgl-nodewise")
-            )
-            lines.append(
-                f"| {row['model']} | {row['layers']} | {r['hopserve']['seconds']:.2f} "
-                f"| {r['hopserve-unordered']['seconds']:.2f} "
-                f"| {r['dgl-manual']['seconds']:.2f} [{r['dgl-manual']['batch_size']}] "
-                f"| {nw['seconds']:.1f}{nw_note} | {r['dgl-fullgraph']['seconds']:.2f} "
-                f"| {row['speedup_vs_dgl_manual']:.2f}× | {row['speedup_vs_dgl_nodewise']:.1f}× "
-                f"| {diffs} |"
-            )
+        lines = [f"Full evaluation — hopserve vs DGL's own inference. {head}", ""]
+        lines += full_table(full)
         lines += ["", "hopserve stages (s) per row:"]
         for row in full:
             h = row["results"]["hopserve"]
@@ -508,47 +453,89 @@ def report(args, graphs, full: list[dict], partial: list[dict], total_s: float) 
                 f"- {row['model']} x{row['layers']}: {h['stages']}, {h['batches']} batches, "
                 f"gather-free layers {h['gather_free_layers']}; runs {h['runs_seconds']}"
             )
-        (out / "dgl_full.md").write_text("\n".join(lines) + "\n")
-        plot_full(full, out / "dgl_full.png", setup)
-        print("\n".join(lines))
+        summary = {"setup": setup, "rows": full}
+        harness.write_outputs(out, "dgl_full", summary, lines, lambda p: plot_full(full, p, setup))
     if partial:
-        for row in partial:
-            r = row["results"]
-            row["speedup_vs_dgl_nodewise"] = r["dgl-nodewise"]["seconds"] / r["hopserve"]["seconds"]
-        (out / "dgl_partial.json").write_text(
-            json.dumps({"setup": setup, "rows": partial}, indent=2)
-        )
         lines = [
             f"Partial evaluation — hopserve vs DGL node-wise, {args.partial_layers}-layer models. "
             f"{head}",
             "",
-            "| model | targets | hopserve (s) | DGL node-wise (s) | speedup "
-            "| max abs diff vs full-graph: hopserve / node-wise |",
-            "|---|---:|---:|---:|---:|---|",
         ]
-        for row in partial:
-            r = row["results"]
-            nw = r["dgl-nodewise"]
-            nw_note = f" (t/α, α={nw['alpha']:.3f})" if nw.get("extrapolated") else ""
-            lines.append(
-                f"| {row['model']} | {row['fraction']:.2%} ({r['hopserve']['targets']:,}) "
-                f"| {r['hopserve']['seconds']:.3f} | {nw['seconds']:.3f}{nw_note} "
-                f"| {row['speedup_vs_dgl_nodewise']:.1f}× "
-                f"| {r['hopserve']['max_abs_diff_vs_fullgraph']:.1e} / "
-                f"{nw['max_abs_diff_vs_fullgraph']:.1e} |"
-            )
-        (out / "dgl_partial.md").write_text("\n".join(lines) + "\n")
-        plot_partial(partial, out / "dgl_partial.png", setup)
-        print("\n".join(lines))
-    print(f"total wall time {total_s / 60:.1f} min", file=sys.stderr)
+        lines += partial_table(partial)
+        summary = {"setup": setup, "rows": partial}
+        harness.write_outputs(
+            out, "dgl_partial", summary, lines, lambda p: plot_partial(partial, p, setup)
+        )
+    harness.log(f"total wall time {total_s / 60:.1f} min")
+
+
+def _nodewise_note(result: dict[str, Any]) -> str:
+    return f" (t/α, α={result['alpha']:.3f})" if result.get("extrapolated") else ""
+
+
+def full_table(full: list[dict[str, Any]]) -> list[str]:
+    """Adds each row's speedups; the markdown table of the full evaluation."""
+    rows = []
+    for row in full:
+        r = row["results"]
+        hop = r["hopserve"]["seconds"]
+        row["speedup_vs_dgl_manual"] = r["dgl-manual"]["seconds"] / hop
+        row["speedup_vs_dgl_nodewise"] = r["dgl-nodewise"]["seconds"] / hop
+        nw = r["dgl-nodewise"]
+        diffs = " / ".join(
+            f"{r[m]['max_abs_diff_vs_fullgraph']:.1e}"
+            for m in ("hopserve", "dgl-manual", "dgl-nodewise")
+        )
+        rows.append(
+            [
+                row["model"],
+                row["layers"],
+                f"{r['hopserve']['seconds']:.2f}",
+                f"{r['hopserve-unordered']['seconds']:.2f}",
+                f"{r['dgl-manual']['seconds']:.2f} [{r['dgl-manual']['batch_size']}]",
+                f"{nw['seconds']:.1f}{_nodewise_note(nw)}",
+                f"{r['dgl-fullgraph']['seconds']:.2f}",
+                f"{row['speedup_vs_dgl_manual']:.2f}×",
+                f"{row['speedup_vs_dgl_nodewise']:.1f}×",
+                diffs,
+            ]
+        )
+    return harness.markdown_table(
+        ["model", "L", "hopserve (s)", "hopserve unordered (s)", "DGL-manual (s) [batch]",
+         "DGL node-wise (s)", "DGL full-graph (s)", "vs DGL-manual", "vs node-wise",
+         "max abs diff vs full-graph: hopserve / manual / node-wise"],
+        rows,
+        "lrrrrrrrrl",
+    )  # fmt: skip
+
+
+def partial_table(partial: list[dict[str, Any]]) -> list[str]:
+    """Adds each row's speedup; the markdown table of the partial evaluation."""
+    rows = []
+    for row in partial:
+        r = row["results"]
+        hop, nw = r["hopserve"], r["dgl-nodewise"]
+        row["speedup_vs_dgl_nodewise"] = nw["seconds"] / hop["seconds"]
+        rows.append(
+            [
+                row["model"],
+                f"{row['fraction']:.2%} ({hop['targets']:,})",
+                f"{hop['seconds']:.3f}",
+                f"{nw['seconds']:.3f}{_nodewise_note(nw)}",
+                f"{row['speedup_vs_dgl_nodewise']:.1f}×",
+                f"{hop['max_abs_diff_vs_fullgraph']:.1e} / {nw['max_abs_diff_vs_fullgraph']:.1e}",
+            ]
+        )
+    return harness.markdown_table(
+        ["model", "targets", "hopserve (s)", "DGL node-wise (s)", "speedup",
+         "max abs diff vs full-graph: hopserve / node-wise"],
+        rows,
+        "lrrrrl",
+    )  # fmt: skip
 
 
 def plot_full(rows: list[dict], path: Path, setup: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = harness.pyplot()
     methods = ["hopserve", "dgl-manual", "dgl-nodewise", "dgl-fullgraph"]
     colors = ["#2b7bba", "#999999", "#d95f02", "#66a61e"]
     labels = [f"{r['model']}\nL={r['layers']}" for r in rows]
@@ -562,16 +549,11 @@ def plot_full(rows: list[dict], path: Path, setup: dict) -> None:
     ax.set_ylabel("seconds (log; node-wise t/α)")
     ax.set_title(f"Full evaluation, {setup['graph']['nodes']:,} nodes, {setup['device']}")
     ax.legend(fontsize=7, ncols=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    harness.save_figure(fig, path)
 
 
 def plot_partial(rows: list[dict], path: Path, setup: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = harness.pyplot()
     models = sorted({r["model"] for r in rows}, key=[r["model"] for r in rows].index)
     fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
@@ -586,8 +568,7 @@ def plot_partial(rows: list[dict], path: Path, setup: dict) -> None:
     axes[0][0].set_ylabel("seconds")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Partial evaluation, {setup['graph']['nodes']:,} nodes", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    harness.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,17 @@ run; absolute times are only meaningful on the machine that produced them.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent
+import harness
+
 METHODS = ("hopserve", "hopserve-unordered", "naive", "nodewise")
+# Options the parent passes on to each method's child run.
+CHILD_KEYS = (
+    "nodes", "dim", "hidden", "out_dim", "layers", "device", "threads", "batch_size",
+    "budget_mb", "nodewise_fraction", "nodewise_batch",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- model
@@ -91,18 +91,7 @@ def naive_layerwise(model, store, batch_size: int, device: str):
 
 
 # --------------------------------------------------------------------------- one method
-def rss_mb() -> float:
-    """Peak resident set size of this process so far (MB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def current_rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def run_method(args) -> dict:
+def run_method(args: argparse.Namespace) -> dict[str, Any]:
     """Run one method in this process; print a JSON line with its measurements."""
     import numpy as np
     import torch
@@ -116,33 +105,25 @@ def run_method(args) -> dict:
     if label == "hopserve-unordered":  # ablation: same engine, no RCMK reordering
         args.method = "hopserve"
     store = GraphStore.open(graph_dir)
-    result: dict = {"method": label, "graph": Path(graph_dir).name}
-    t0 = time.perf_counter()
+    result: dict[str, Any] = {"method": label, "graph": Path(graph_dir).name}
     if args.method == "hopserve":
-        ev = LayerwiseEvaluator(
-            model,
-            store,
-            device=args.device,
-            progress=False,
-            memory_budget_bytes=args.budget_mb << 20,
-        )
-        base_rss = current_rss_mb()  # libraries, model, evaluator: before any graph data
-        t0 = time.perf_counter()
-        out = ev.evaluate()
-        result["seconds"] = time.perf_counter() - t0
+        ev = LayerwiseEvaluator(model, store, **harness.evaluator_options(args))
+        base_rss = harness.current_rss_mb()  # libraries, model, evaluator: before graph data
+        out, secs = harness.timed(ev.evaluate, 1)
+        result["seconds"] = secs[0]
         s = ev.last_stats
-        result["stages"] = {
-            k: round(getattr(s, k), 3)
-            for k in ("prepare_s", "transfer_s", "compute_s", "write_out_s")
-        }
+        result["stages"] = harness.stage_seconds(
+            s, ("prepare_s", "transfer_s", "compute_s", "write_out_s")
+        )
         result["batches"] = s.batches
         result["input_nodes_per_batch"] = sum(x.input_nodes for x in s.layers) / max(1, s.batches)
         rows = np.arange(store.num_nodes)
     elif args.method == "naive":
-        base_rss = current_rss_mb()
-        t0 = time.perf_counter()
-        out = naive_layerwise(model, store, args.batch_size, args.device)
-        result["seconds"] = time.perf_counter() - t0
+        base_rss = harness.current_rss_mb()
+        out, secs = harness.timed(
+            lambda: naive_layerwise(model, store, args.batch_size, args.device), 1
+        )
+        result["seconds"] = secs[0]
         rows = np.arange(store.num_nodes)
     else:
         gen = np.random.default_rng(1)
@@ -151,146 +132,88 @@ def run_method(args) -> dict:
         ev = NodewiseEvaluator(
             model, store, device=args.device, batch_size=args.nodewise_batch, degree_hop=False
         )
-        base_rss = current_rss_mb()
-        t0 = time.perf_counter()
-        out = ev.evaluate(torch.from_numpy(rows))
-        t = time.perf_counter() - t0
-        result["sampled_seconds"] = t
+        base_rss = harness.current_rss_mb()
+        out, secs = harness.timed(lambda: ev.evaluate(torch.from_numpy(rows)), 1)
+        t = result["sampled_seconds"] = secs[0]
         result["alpha"] = count / store.num_nodes
         result["seconds"] = t / result["alpha"]
-    result["peak_rss_mb"] = rss_mb()
+    result["peak_rss_mb"] = harness.peak_rss_mb()
     result["baseline_rss_mb"] = base_rss
     np.save(Path(args.scratch) / f"{label}.npy", out.numpy())
     np.save(Path(args.scratch) / f"{label}_rows.npy", rows)
-    print("RESULT " + json.dumps(result))
+    harness.emit_result(result)
     return result
 
 
 # --------------------------------------------------------------------------- driver
-def build_graphs(args) -> dict:
-    """Synthesize the power-law graph once; store it RCMK-ordered and as generated."""
-    import torch
-
-    from hopserve import GraphStore
-    from hopserve.worker.graph.synth import synth_powerlaw
-
-    data = Path(args.data)
-    rcmk, orig = data / "rcmk", data / "orig"
-    t = time.perf_counter()
-    if not (orig / "meta.json").exists():
-        synth_powerlaw(
-            args.nodes,
-            args.avg_degree,
-            args.dim,
-            seed=args.seed,
-            reorder=None,
-            out=orig,
-            overwrite=True,
-            progress=False,
-        )
-    if not (rcmk / "meta.json").exists():
-        # Same nodes, edges and feature rows, stored in RCMK order (node IDs = orig ids).
-        src_store = GraphStore.open(orig)
-        dst = torch.repeat_interleave(torch.arange(src_store.num_nodes), src_store.in_degrees)
-        edge_index = torch.stack([src_store.indices.long(), dst])
-        GraphStore.from_edge_index(edge_index, src_store.features, reorder="rcmk").save(
-            rcmk, overwrite=True, progress=False
-        )
-    print(f"graphs ready in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-    return {"rcmk": str(rcmk), "orig": str(orig)}
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=200_000)
-    p.add_argument("--avg-degree", type=float, default=20.0)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--out-dim", type=int, default=64)
+def parse_args() -> argparse.Namespace:
+    p = harness.parser(__doc__)
+    harness.add_graph_args(p, nodes=200_000, avg_degree=20.0, dim=128)
+    harness.add_model_args(p, hidden=256)
     p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    harness.add_engine_args(p)
     p.add_argument("--batch-size", type=int, default=1024, help="naive loop's fixed batch")
-    p.add_argument("--budget-mb", type=int, default=64, help="hopserve CPU batch budget")
     p.add_argument("--nodewise-fraction", type=float, default=0.002)
     p.add_argument("--nodewise-batch", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=3, help="runs of the fast methods (best kept)")
-    p.add_argument("--data", default=str(ROOT.parent / "data" / "bench-powerlaw"))
-    p.add_argument("--out", default=str(ROOT / "results"))
+    harness.add_io_args(p)
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--method", help=argparse.SUPPRESS)
-    p.add_argument("--graph-rcmk", help=argparse.SUPPRESS)
-    p.add_argument("--graph-orig", help=argparse.SUPPRESS)
-    p.add_argument("--scratch", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    harness.add_child_args(p, "method", "graph_rcmk", "graph_orig", "scratch")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.method:
         run_method(args)
         return
     args.data = f"{args.data}-{args.nodes}-{args.avg_degree:g}-{args.dim}"
-    graphs = build_graphs(args)
+    graphs = harness.powerlaw_pair(
+        Path(args.data), args.nodes, args.avg_degree, args.dim, seed=args.seed
+    )
     scratch = Path(args.data) / "outputs"
     scratch.mkdir(parents=True, exist_ok=True)
-    results = {}
     methods = args.methods.split(",")
-    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     # Repeat the fast methods, interleaved, so a noisy neighbour hurts both alike;
     # node-wise is extrapolated from one long sampled run.
     for rep in range(args.repeat):
         for method in methods:
             if method == "nodewise" and rep > 0:
                 continue
-            print(f"running {method} ({rep + 1}/{args.repeat}) …", file=sys.stderr)
+            harness.log(f"running {method} ({rep + 1}/{args.repeat}) …")
             runs[method].append(run_subprocess(args, graphs, scratch, method))
     results = {}
     for method, rs in runs.items():
         best = min(rs, key=lambda r: r["seconds"])
-        best["runs_seconds"] = [round(r["seconds"], 3) for r in rs]
-        best["median_seconds"] = float(sorted(r["seconds"] for r in rs)[len(rs) // 2])
+        best.update(harness.run_stats([r["seconds"] for r in rs]))
         results[method] = best
     report(args, graphs, scratch, results)
 
 
-def run_subprocess(args, graphs: dict, scratch: Path, method: str) -> dict:
+def run_subprocess(
+    args: argparse.Namespace, graphs: dict[str, str], scratch: Path, method: str
+) -> dict[str, Any]:
     """Run one method in a fresh interpreter; return its RESULT record."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--method",
-        method,
-        "--graph-rcmk",
-        graphs["rcmk"],
-        "--graph-orig",
-        graphs["orig"],
-        "--scratch",
-        str(scratch),
-    ]
-    for key in (
-        "nodes",
-        "dim",
-        "hidden",
-        "out_dim",
-        "layers",
-        "device",
-        "threads",
-        "batch_size",
-        "budget_mb",
-        "nodewise_fraction",
-        "nodewise_batch",
-    ):
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{method} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(line[len("RESULT ") :])
+    cmd = harness.script_command(
+        __file__, args, CHILD_KEYS,
+        "--method", method, "--graph-rcmk", graphs["rcmk"], "--graph-orig", graphs["orig"],
+        "--scratch", str(scratch),
+    )  # fmt: skip
+    return harness.run_child(cmd, method)
 
 
 def graph_bytes(path: str) -> int:
+    """Bytes of a store's arrays on disk."""
     return sum(f.stat().st_size for f in Path(path).glob("*.npy"))
 
 
-def report(args, graphs, scratch: Path, results: dict) -> None:
+# --------------------------------------------------------------------------- report
+def report(
+    args: argparse.Namespace, graphs: dict[str, str], scratch: Path, results: dict[str, Any]
+) -> None:
+    """Agreement with hopserve's rows, the memory model; ``full_eval.{json,md,png}``."""
     import numpy as np
 
     from hopserve import GraphStore
@@ -311,7 +234,7 @@ def report(args, graphs, scratch: Path, results: dict) -> None:
         "graph": {"nodes": store.num_nodes, "edges": store.num_edges, "feature_dim": args.dim},
         "model": f"GraphSAGE-mean x{args.layers}, hidden {args.hidden}, out {args.out_dim}",
         "device": args.device,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": harness.machine_line(),
         "results": results,
         "memory_model_mb": {
             "graph_and_features": graph_bytes(graphs["rcmk"]) / 2**20,
@@ -327,26 +250,33 @@ def report(args, graphs, scratch: Path, results: dict) -> None:
         summary["hopserve_rss_ratio_to_memory_model"] = (
             summary["hopserve_rss_over_baseline_mb"] / model_mb
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "full_eval.json").write_text(json.dumps(summary, indent=2))
     lines = [
         f"Full evaluation — {summary['model']}; {store.num_nodes:,} nodes, "
         f"{store.num_edges:,} edges, {args.dim}-dim features; {args.device} "
         f"({summary['machine']}).",
         "",
-        "| method | best time (s) | runs (s) | vs hopserve | peak RSS (MB) | RSS over baseline (MB) | max abs diff vs hopserve |",
-        "|---|---:|---|---:|---:|---:|---:|",
     ]
+    rows = []
     for method, res in results.items():
         ratio = res["seconds"] / hop["seconds"] if hop else float("nan")
         note = f" (t/α, α={res['alpha']:.4f})" if "alpha" in res else ""
-        lines.append(
-            f"| {method}{note} | {res['seconds']:.2f} | {', '.join(f'{x:.2f}' for x in res['runs_seconds'])} | "
-            f"{ratio:.1f}× | {res['peak_rss_mb']:.0f} | "
-            f"{res['peak_rss_mb'] - res['baseline_rss_mb']:.0f} | "
-            f"{res['max_abs_diff_vs_hopserve']:.1e} |"
+        rows.append(
+            [
+                f"{method}{note}",
+                f"{res['seconds']:.2f}",
+                ", ".join(f"{x:.2f}" for x in res["runs_seconds"]),
+                f"{ratio:.1f}×",
+                f"{res['peak_rss_mb']:.0f}",
+                f"{res['peak_rss_mb'] - res['baseline_rss_mb']:.0f}",
+                f"{res['max_abs_diff_vs_hopserve']:.1e}",
+            ]
         )
+    lines += harness.markdown_table(
+        ["method", "best time (s)", "runs (s)", "vs hopserve", "peak RSS (MB)",
+         "RSS over baseline (MB)", "max abs diff vs hopserve"],
+        rows,
+        "lrlrrrr",
+    )  # fmt: skip
     if hop:
         lines += [
             "",
@@ -356,17 +286,12 @@ def report(args, graphs, scratch: Path, results: dict) -> None:
             f"hopserve stages (s): {hop['stages']}; {hop['batches']} batches, "
             f"{hop['input_nodes_per_batch']:.0f} input nodes per batch.",
         ]
-    (out / "full_eval.md").write_text("\n".join(lines) + "\n")
-    plot(summary, out / "full_eval.png")
-    print("\n".join(lines))
+    harness.write_outputs(Path(args.out), "full_eval", summary, lines, lambda p: plot(summary, p))
 
 
-def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Seconds per method, log scale."""
+    plt = harness.pyplot()
     results = summary["results"]
     names = list(results)
     secs = [results[m]["seconds"] for m in names]
@@ -384,8 +309,7 @@ def plot(summary: dict, path: Path) -> None:
     for bar, s in zip(bars, secs, strict=True):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s:.1f}s", va="center")
     ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    harness.save_figure(fig, path)
 
 
 if __name__ == "__main__":

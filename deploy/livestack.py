@@ -24,7 +24,6 @@ import contextlib
 import json
 import math
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -32,12 +31,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+from hopserve.testing import RedisServer, free_port
 
 DEPLOY = Path(__file__).resolve().parent
 PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
@@ -51,13 +52,6 @@ NUM_EDGES = 200_000
 FEATURES = 32
 KWARGS = {"in_dim": FEATURES, "hidden": 64, "out_dim": 16, "num_layers": 2}
 ID_OFFSET = 1_000_000  # external ID of caller node i is ID_OFFSET + 3 * i
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prometheus_binary() -> str | None:
@@ -102,35 +96,6 @@ def write_servable(root: Path, seed: int = 0) -> Servable:
         torch.manual_seed(seed)
         torch.save(GraphSAGE(**KWARGS).state_dict(), weights)
     return Servable(graph_dir, weights, ids)
-
-
-# ---------------------------------------------------------------------------- redis
-
-
-class RedisProcess:
-    """A throw-away ``redis-server`` on loopback, configured as hopserve recommends."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        self.port = free_port()
-        workdir.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru",
-             "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        _wait_for_port(self.port, 10.0, self._proc)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        _terminate(self._proc)
 
 
 # ---------------------------------------------------------------------------- hopserve
@@ -219,6 +184,7 @@ class LoadCounts:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
+@dataclass(eq=False)
 class Load:
     """Closed-loop client load in a background thread, until :meth:`stop`.
 
@@ -232,40 +198,27 @@ class Load:
     time; ``zipf_a`` is the popularity exponent of the target nodes.
     """
 
-    def __init__(
-        self,
-        target: str,
-        node_ids: np.ndarray,
-        *,
-        concurrency: int = 4,
-        set_size: int = 24,
-        pause_s: float = 0.005,
-        bad_every: int = 25,
-        unknown_model_every: int = 60,
-        stream_every: int = 10,
-        corrupt: Callable[[], None] | None = None,
-        corrupt_every: int = 100,
-        phases: list[tuple[float, int]] | None = None,
-        zipf_a: float = 1.0,
-        seed: int = 0,
-    ) -> None:
-        self.target = target
-        self.node_ids = node_ids
-        self.concurrency = concurrency
-        self.set_size = set_size
-        self.pause_s = pause_s
-        self.bad_every = bad_every
-        self.unknown_model_every = unknown_model_every
-        self.stream_every = stream_every
-        self.corrupt = corrupt
-        self.corrupt_every = corrupt_every
-        self.phases = phases or []  # (seconds from start, concurrency) steps
-        self.zipf_a = zipf_a
-        self.seed = seed
-        self.counts = LoadCounts()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+    target: str
+    node_ids: np.ndarray = field(repr=False)
+    _: KW_ONLY
+    concurrency: int = 4
+    set_size: int = 24
+    pause_s: float = 0.005
+    bad_every: int = 25
+    unknown_model_every: int = 60
+    stream_every: int = 10
+    corrupt: Callable[[], None] | None = None
+    corrupt_every: int = 100
+    phases: list[tuple[float, int]] | None = None  # (seconds from start, concurrency) steps
+    zipf_a: float = 1.0
+    seed: int = 0
+    counts: LoadCounts = field(default_factory=LoadCounts, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _error: BaseException | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.phases = self.phases or []
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hopserve-load", daemon=True)
@@ -495,10 +448,10 @@ class LiveStack:
             self.servable = write_servable(workdir / "model")
             if use_redis is None:
                 use_redis = shutil.which("redis-server") is not None
-            self.redis: RedisProcess | None = None
+            self.redis: RedisServer | None = None
             corrupt = None
             if use_redis:
-                self.redis = RedisProcess(workdir / "redis")
+                self.redis = RedisServer.launch(workdir / "redis", maxmemory="64mb")
                 self._closers.append(self.redis.stop)
                 cache = {"backend": "redis", "redis_url": self.redis.url, "ttl_s": 600}
                 corrupt = self._corrupt_some_keys
@@ -522,16 +475,11 @@ class LiveStack:
     def _corrupt_some_keys(self) -> None:
         """Overwrite a few cached rows with bytes of the wrong length: the front-end
         counts them in ``hopserve_cache_errors_total`` and recomputes them."""
-        import redis
-
         assert self.redis is not None
-        client = redis.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=2)
-        try:
+        with self.redis.client() as client:
             _, keys = client.scan(0, match="hopserve:*", count=200)
             for key in keys[:5]:
                 client.set(key, b"corrupt", ex=60)
-        finally:
-            client.close()
 
     def wait_for_scrapes(self, count: int, timeout: float = 60.0) -> None:
         """Wait until Prometheus holds ``count`` scrapes of answered requests."""
@@ -563,18 +511,6 @@ class LiveStack:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-        time.sleep(0.05)
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:

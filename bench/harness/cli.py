@@ -1,0 +1,65 @@
+"""Command-line options the benchmark scripts share (same flags, defaults and help), and the
+evaluator options they turn into."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from .report import REPO, RESULTS
+
+POWERLAW_DATA = REPO / "data" / "bench-powerlaw"
+"""Default ``--data`` of the engine benchmarks (they share the graph files)."""
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser described by the first line of ``doc`` (a script's docstring)."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+
+
+def add_graph_args(
+    p: argparse.ArgumentParser, *, nodes: int, avg_degree: float, dim: int | None = None
+) -> None:
+    """``--nodes``, ``--avg-degree`` and (when ``dim`` is given) ``--dim``: the synthetic
+    power-law graph's sizes."""
+    p.add_argument("--nodes", type=int, default=nodes)
+    p.add_argument("--avg-degree", type=float, default=avg_degree)
+    if dim is not None:
+        p.add_argument("--dim", type=int, default=dim)
+
+
+def add_model_args(p: argparse.ArgumentParser, *, hidden: int, out_dim: int = 64) -> None:
+    """``--hidden`` and ``--out-dim``: the benchmark model's widths."""
+    p.add_argument("--hidden", type=int, default=hidden)
+    p.add_argument("--out-dim", type=int, default=out_dim)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """``--device``, ``--threads`` and ``--budget-mb``: how the evaluator runs."""
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--budget-mb", type=int, default=64, help="hopserve CPU batch budget")
+
+
+def evaluator_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``LayerwiseEvaluator`` keyword arguments from :func:`add_engine_args`' options:
+    ``args.device``, a CPU batch budget of ``args.budget_mb`` MiB, no progress bars."""
+    return {"device": args.device, "progress": False, "memory_budget_bytes": args.budget_mb << 20}
+
+
+def add_io_args(p: argparse.ArgumentParser, *, data: str | Path = POWERLAW_DATA) -> None:
+    """``--data`` (inputs, built once and reused) and ``--out`` (results, default
+    ``bench/results``)."""
+    p.add_argument("--data", default=str(data))
+    p.add_argument("--out", default=str(RESULTS))
+
+
+def add_child_args(p: argparse.ArgumentParser, *names: str, **typed: type) -> None:
+    """Hidden options a script passes to its own child runs: ``names`` as strings,
+    ``typed`` (``num_layers=int``) converted."""
+    for name in names:
+        p.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS)
+    for name, kind in typed.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=argparse.SUPPRESS)
