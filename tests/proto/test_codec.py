@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hopserve.proto import contract
 from hopserve.proto.codec import (
     error_for_status,
     job_from_proto,
@@ -20,20 +21,13 @@ from hopserve.proto.codec import (
 )
 from hopserve.proto.contract import (
     BlockInfo,
-    DeadlineExceededError,
     DeviceMemory,
-    GraphVersionMismatchError,
-    InvalidJobError,
     Job,
-    JobError,
     JobResult,
     LayerStats,
-    ModelNotFoundError,
     ModelStatus,
     RunStats,
-    WorkerBusyError,
     WorkerStatus,
-    WorkerUnavailableError,
     validate_fanouts,
 )
 from hopserve.proto.v1 import embedding_pb2, worker_pb2
@@ -137,9 +131,9 @@ def test_unencodable_jobs(job, match):
 
 
 def test_malformed_messages_are_refused():
-    with pytest.raises(InvalidJobError, match="multiple of 8"):
+    with pytest.raises(contract.InvalidJobError, match="multiple of 8"):
         job_from_proto(worker_pb2.JobRequest(job_id="x", targets=b"\x00" * 7))
-    with pytest.raises(InvalidJobError, match="empty"):
+    with pytest.raises(contract.InvalidJobError, match="empty"):
         job_from_proto(worker_pb2.JobRequest(job_id="x"))
     good = result_to_proto(JobResult("r", np.zeros((2, 3), np.float32), RunStats()))
     short = worker_pb2.JobResult()
@@ -155,18 +149,20 @@ def test_malformed_messages_are_refused():
 
 def test_status_codes_map_both_ways():
     for err in (
-        ModelNotFoundError("m"),
-        InvalidJobError("i"),
-        DeadlineExceededError("d"),
-        GraphVersionMismatchError("g"),
-        WorkerBusyError("b"),
+        contract.ModelNotFoundError("m"),
+        contract.InvalidJobError("i"),
+        contract.DeadlineExceededError("d"),
+        contract.GraphVersionMismatchError("g"),
+        contract.WorkerBusyError("b"),
     ):
         back = error_for_status(status_for_error(err), "x")
         assert type(back) is type(err)
-    assert status_for_error(JobError("j")) == grpc.StatusCode.INTERNAL
+    assert status_for_error(contract.JobError("j")) == grpc.StatusCode.INTERNAL
     assert status_for_error(KeyError("k")) == grpc.StatusCode.INTERNAL
-    assert type(error_for_status(grpc.StatusCode.INTERNAL, "x")) is JobError
-    assert isinstance(error_for_status(grpc.StatusCode.UNAVAILABLE, "x"), WorkerUnavailableError)
+    assert type(error_for_status(grpc.StatusCode.INTERNAL, "x")) is contract.JobError
+    assert isinstance(
+        error_for_status(grpc.StatusCode.UNAVAILABLE, "x"), contract.WorkerUnavailableError
+    )
 
 
 def test_status_round_trip():
