@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from hopserve.client import AsyncEmbeddingClient, EmbeddingClient
 from hopserve.proto.tensors import encode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
+from hopserve.testing import free_port
 
 MODEL = "sage"
 DIM = 4
@@ -188,13 +188,6 @@ class Running:
     target: str
 
 
-def _free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_server(
     service: FakeEmbeddingService, port: int = 0, health_service: bool = True
 ) -> Running:
@@ -271,10 +264,10 @@ def fake(start_fake: Callable[..., Running]) -> Running:
     return start_fake()
 
 
-@pytest.fixture
-def free_port() -> int:
+@pytest.fixture(name="free_port")
+def free_port_fixture() -> int:
     """A loopback port nothing listens on (free a moment ago)."""
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture(params=["sync", "async"])

@@ -64,20 +64,25 @@ def test_retries_a_call_the_server_cancelled(fake, make_client) -> None:
     assert len(fake.service.calls("GetEmbeddings")) == 3
 
 
+def _calls_until_raised(fake, make_client, code, details, error, max_retries, node) -> int:
+    """The server fails the next 5 calls with ``code``: the client raises ``error`` (naming
+    ``details``); returns how many GetEmbeddings calls the server received."""
+    fake.service.fail(code, times=5, details=details)
+    client = make_client(fake.target, max_retries=max_retries, backoff_base=0.01)
+    with pytest.raises(error, match=details):
+        client.get_embeddings(MODEL, [node])
+    return len(fake.service.calls("GetEmbeddings"))
+
+
 def test_resource_exhausted_beyond_max_retries_raises(fake, make_client) -> None:
-    fake.service.fail(grpc.StatusCode.RESOURCE_EXHAUSTED, times=5, details="queue full")
-    client = make_client(fake.target, max_retries=1, backoff_base=0.01)
-    with pytest.raises(ResourceExhaustedError, match="queue full"):
-        client.get_embeddings(MODEL, [3])
-    assert len(fake.service.calls("GetEmbeddings")) == 2
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    calls = _calls_until_raised(fake, make_client, code, "queue full", ResourceExhaustedError, 1, 3)
+    assert calls == 2
 
 
 def test_no_retry_on_invalid_argument(fake, make_client) -> None:
-    fake.service.fail(grpc.StatusCode.INVALID_ARGUMENT, times=5, details="bad id 7")
-    client = make_client(fake.target, max_retries=4, backoff_base=0.01)
-    with pytest.raises(InvalidArgumentError, match="bad id 7"):
-        client.get_embeddings(MODEL, [7])
-    assert len(fake.service.calls("GetEmbeddings")) == 1
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    assert _calls_until_raised(fake, make_client, code, "bad id 7", InvalidArgumentError, 4, 7) == 1
 
 
 def test_retries_apply_to_metadata_calls(fake, make_client) -> None:

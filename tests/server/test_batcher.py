@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,19 @@ def make(runner: FakeRunner, **kw: Any) -> tuple[Batcher, Metrics]:
     return Batcher("m", runner, metrics=metrics, **options), metrics
 
 
+def run_with_batcher(
+    main: Callable[[FakeRunner, Batcher, Metrics], Awaitable[None]], delay: float = 0.0, **kw: Any
+) -> None:
+    """``main(runner, batcher, metrics)`` on a fresh loop (:func:`run`) with a new
+    :class:`FakeRunner` (``delay``) and ``make(runner, **kw)``."""
+
+    async def run_main() -> None:
+        runner = FakeRunner(delay)
+        await main(runner, *make(runner, **kw))
+
+    run(run_main())
+
+
 def deadline(seconds: float = 5.0) -> float:
     return asyncio.get_running_loop().time() + seconds
 
@@ -69,9 +82,7 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
 
 
 def test_concurrent_requests_coalesce_into_one_batch() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, metrics = make(runner)
+    async def main(runner: FakeRunner, batcher: Batcher, metrics: Metrics) -> None:
         requests = [np.array([i, i + 10]) for i in range(5)]
         replies = await asyncio.gather(
             *(batcher.submit(ids, EXACT, deadline()) for ids in requests)
@@ -85,13 +96,11 @@ def test_concurrent_requests_coalesce_into_one_batch() -> None:
         assert sample(metrics, "hopserve_queue_depth") == 0
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main)
 
 
 def test_waits_max_wait_then_dispatches_a_lone_request() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, metrics = make(runner, max_wait_s=0.1)
+    async def main(runner: FakeRunner, batcher: Batcher, metrics: Metrics) -> None:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         reply = await batcher.submit(np.array([4]), EXACT, deadline())
@@ -102,13 +111,11 @@ def test_waits_max_wait_then_dispatches_a_lone_request() -> None:
         assert sample(metrics, "hopserve_stage_duration_seconds_count", **labels) == 1
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.1)
 
 
 def test_shared_and_duplicate_targets_are_computed_once() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         a = np.array([7, 3, 7, 9, 3])  # duplicates inside one request, any order
         b = np.array([9, 1, 7])  # overlaps with a
         ra, rb = await asyncio.gather(
@@ -120,13 +127,11 @@ def test_shared_and_duplicate_targets_are_computed_once() -> None:
         np.testing.assert_array_equal(rb.rows, rows_of(b))
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main)
 
 
 def test_max_batch_targets_splits_batches_and_large_requests() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, metrics = make(runner, max_batch_targets=4, max_wait_s=0.02)
+    async def main(runner: FakeRunner, batcher: Batcher, metrics: Metrics) -> None:
         big = np.arange(10)[::-1]  # 10 unique targets > 4: split into parts 4 + 4 + 2
         small = np.array([100, 101, 102])
         rbig, rsmall = await asyncio.gather(
@@ -141,13 +146,11 @@ def test_max_batch_targets_splits_batches_and_large_requests() -> None:
         assert sample(metrics, "hopserve_batch_targets_sum") == 13
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_batch_targets=4, max_wait_s=0.02)
 
 
 def test_overlapping_requests_share_a_batch_when_their_union_fits() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner, max_batch_targets=4, max_wait_s=0.05)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         a, b = np.array([1, 2, 3]), np.array([4, 3, 2])  # 6 targets, union of 4
         ra, rb = await asyncio.gather(
             batcher.submit(a, EXACT, deadline()), batcher.submit(b, EXACT, deadline())
@@ -156,40 +159,34 @@ def test_overlapping_requests_share_a_batch_when_their_union_fits() -> None:
         np.testing.assert_array_equal(rb.rows, rows_of(b))
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_batch_targets=4, max_wait_s=0.05)
 
 
 def test_full_batch_does_not_wait_for_max_wait() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner, max_batch_targets=4, max_wait_s=5.0)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await batcher.submit(np.arange(4), EXACT, deadline(10))
         assert loop.time() - t0 < 1.0
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_batch_targets=4, max_wait_s=5.0)
 
 
 def test_different_keys_never_merge() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         keys = [EXACT, BatchKey((2, 2), 0), BatchKey((2, 2), 1), BatchKey((2, 2), 0)]
         await asyncio.gather(*(batcher.submit(np.array([1, 2]), k, deadline()) for k in keys))
         assert sorted(str(k) for _, k in runner.calls) == sorted(str(k) for k in set(keys))
         assert len(runner.calls) == 3
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main)
 
 
 def test_queue_bound_raises_queue_full() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
+    async def main(runner: FakeRunner, batcher: Batcher, metrics: Metrics) -> None:
         runner.gate = asyncio.Event()
-        batcher, metrics = make(runner, max_queue=2, max_wait_s=0.0)
         first = asyncio.create_task(batcher.submit(np.array([1]), EXACT, deadline()))
         await runner.started.wait()  # first is running (not waiting any more)
         waiting = [
@@ -205,13 +202,11 @@ def test_queue_bound_raises_queue_full() -> None:
         assert batcher.depth == 0
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_queue=2, max_wait_s=0.0)
 
 
 def test_expired_request_is_dropped_and_its_batch_not_dispatched() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, metrics = make(runner, max_wait_s=0.3)
+    async def main(runner: FakeRunner, batcher: Batcher, metrics: Metrics) -> None:
         with pytest.raises(DeadlineExceededError, match="deadline exceeded"):
             await batcher.submit(np.array([1, 2]), EXACT, deadline(0.05))
         assert batcher.depth == 0
@@ -220,13 +215,11 @@ def test_expired_request_is_dropped_and_its_batch_not_dispatched() -> None:
         assert sample(metrics, "hopserve_batch_requests_count") == 0
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.3)
 
 
 def test_expired_request_targets_leave_a_shared_batch() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner, max_wait_s=0.2)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         short = asyncio.create_task(batcher.submit(np.array([1, 2]), EXACT, deadline(0.05)))
         long = asyncio.create_task(batcher.submit(np.array([3]), EXACT, deadline(5)))
         with pytest.raises(DeadlineExceededError):
@@ -236,14 +229,12 @@ def test_expired_request_targets_leave_a_shared_batch() -> None:
         np.testing.assert_array_equal(runner.calls[0][0], [3])  # 1 and 2 were dropped
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.2)
 
 
 def test_running_batch_is_cancelled_when_its_only_requester_leaves() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         runner.gate = asyncio.Event()  # never released: the job would run forever
-        batcher, _ = make(runner, max_wait_s=0.0)
         task = asyncio.create_task(batcher.submit(np.array([5]), EXACT, deadline()))
         await runner.started.wait()
         task.cancel()  # client cancellation
@@ -257,14 +248,12 @@ def test_running_batch_is_cancelled_when_its_only_requester_leaves() -> None:
         np.testing.assert_array_equal(reply.rows, rows_of([6]))
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.0)
 
 
 def test_running_batch_continues_while_another_requester_needs_it() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         runner.gate = asyncio.Event()
-        batcher, _ = make(runner, max_wait_s=0.05)
         a = asyncio.create_task(batcher.submit(np.array([1]), EXACT, deadline()))
         b = asyncio.create_task(batcher.submit(np.array([2]), EXACT, deadline()))
         await runner.started.wait()
@@ -275,7 +264,7 @@ def test_running_batch_continues_while_another_requester_needs_it() -> None:
         np.testing.assert_array_equal((await b).rows, rows_of([2]))
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.05)
 
 
 def test_runner_answering_the_wrong_rows_fails_the_requests() -> None:
@@ -309,9 +298,7 @@ def test_runner_error_reaches_every_request_of_the_batch() -> None:
 
 
 def test_max_batch_requests_one_turns_coalescing_off() -> None:
-    async def main() -> None:
-        runner = FakeRunner(delay=0.01)
-        batcher, _ = make(runner, max_wait_s=0.0, max_batch_requests=1)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         requests = [np.array([i, i + 10]) for i in range(5)]
         replies = await asyncio.gather(
             *(batcher.submit(ids, EXACT, deadline()) for ids in requests)
@@ -321,7 +308,7 @@ def test_max_batch_requests_one_turns_coalescing_off() -> None:
             np.testing.assert_array_equal(reply.rows, rows_of(ids))
         await batcher.close()
 
-    run(main())
+    run_with_batcher(main, delay=0.01, max_wait_s=0.0, max_batch_requests=1)
 
 
 def test_cancellations_swept_across_the_wait_window_never_leak_a_slot() -> None:
@@ -329,9 +316,7 @@ def test_cancellations_swept_across_the_wait_window_never_leak_a_slot() -> None:
     first step cancelled the task before it ran, so its in-flight slot was never given
     back and every later request of the model hung until its deadline."""
 
-    async def main() -> None:
-        runner = FakeRunner(delay=0.002)
-        batcher, _ = make(runner, max_wait_s=0.01, max_inflight=1, max_queue=64)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         loop = asyncio.get_running_loop()
         steps = 300
         for i in range(steps):  # cancel at moments swept across the wait window and beyond
@@ -345,14 +330,12 @@ def test_cancellations_swept_across_the_wait_window_never_leak_a_slot() -> None:
         assert len(answered) == 20, [r for r in replies if isinstance(r, BaseException)][:3]
         assert not batcher.stalled(loop.time())
 
-    run(main())
+    run_with_batcher(main, delay=0.002, max_wait_s=0.01, max_inflight=1, max_queue=64)
 
 
 def test_stalled_while_work_waits_and_no_batch_finishes() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         runner.gate = asyncio.Event()  # the worker hangs until the gate opens
-        batcher, _ = make(runner, max_wait_s=0.0, max_inflight=1, stall_after_s=0.2)
         loop = asyncio.get_running_loop()
         assert not batcher.stalled(loop.time())  # idle is not stalled
         first = loop.create_task(batcher.submit(np.array([1]), EXACT, deadline()))
@@ -367,15 +350,13 @@ def test_stalled_while_work_waits_and_no_batch_finishes() -> None:
         await asyncio.gather(first, second)
         assert not batcher.stalled(loop.time())
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.0, max_inflight=1, stall_after_s=0.2)
 
 
 def test_a_batch_cancelled_before_it_starts_fails_no_one_and_frees_its_slot() -> None:
-    async def main() -> None:
-        runner = FakeRunner()
-        batcher, _ = make(runner, max_wait_s=0.0, max_inflight=1)
+    async def main(runner: FakeRunner, batcher: Batcher, _: Metrics) -> None:
         await batcher.submit(np.array([1]), EXACT, deadline())  # loop running
         await batcher.close()
         assert batcher.running == 0
 
-    run(main())
+    run_with_batcher(main, max_wait_s=0.0, max_inflight=1)

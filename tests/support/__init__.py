@@ -1,8 +1,13 @@
-"""Shared test helpers: exactness assertion and random graph builders."""
+"""Shared test helpers: exactness assertion, random graph builders, seeded test models."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
+from torch import nn
+
+from hopserve import GraphStore
 
 ATOL, RTOL = 1e-5, 1e-4
 ULPS = 64  # rounding allowance, in float32 ulps of the reference's largest value
@@ -90,3 +95,33 @@ def random_edge_index(num_nodes: int, num_edges: int, seed: int = 0) -> torch.Te
     ei = torch.randint(0, active, (2, num_edges), generator=gen)
     loops = torch.arange(0, active, 3).repeat(2, 1)
     return torch.cat([ei, loops, ei[:, : num_edges // 10]], dim=1)
+
+
+def random_graph(
+    num_nodes: int, num_edges: int, dim: int, seed: int, x_seed: int
+) -> tuple[torch.Tensor, torch.Tensor, GraphStore]:
+    """``(edge_index, x, store)``: :func:`random_edge_index` (``seed``), ``randn`` features
+    of width ``dim`` (generator seeded with ``x_seed``) and their graph store."""
+    edge_index = random_edge_index(num_nodes, num_edges, seed=seed)
+    x = torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(x_seed))
+    return edge_index, x, GraphStore.from_edge_index(edge_index, x)
+
+
+def build_family(
+    families: Mapping[str, Callable[[int], nn.Module]],
+    name: str,
+    d_in: int,
+    seed: int = 0,
+    tweak: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """``families[name](d_in)`` in eval mode with deterministic weights (``seed``) and
+    non-trivial BN statistics; ``tweak`` then sees every module."""
+    torch.manual_seed(seed)
+    model = families[name](d_in)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+        if tweak is not None:
+            tweak(m)
+    return model.eval()

@@ -12,6 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from support import build_family
+from support.exactness import Style
+
 
 class GCN(nn.Module):
     """GraphConv, widening then narrowing (aggregate-first and W-first paths)."""
@@ -159,17 +162,17 @@ FAMILIES = {
 
 def build(name: str, d_in: int, seed: int = 0) -> nn.Module:
     """A family's model with deterministic weights and non-trivial BN statistics / eps."""
-    torch.manual_seed(seed)
-    model = FAMILIES[name](d_in)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm1d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-        if isinstance(m, dglnn.GINConv) and isinstance(m.eps, torch.Tensor):
-            m.eps.data.fill_(0.25)
-    return model.eval()
+    return build_family(FAMILIES, name, d_in, seed, _fixed_gin_eps)
+
+
+def _fixed_gin_eps(module: nn.Module) -> None:
+    if isinstance(module, dglnn.GINConv) and isinstance(module.eps, torch.Tensor):
+        module.eps.data.fill_(0.25)
 
 
 def dgl_graph(edge_index: torch.Tensor, num_nodes: int) -> dgl.DGLGraph:
     """The DGL graph of a ``[2, E]`` edge index (row 0 = source), edge ids in given order."""
     return dgl.graph((edge_index[0], edge_index[1]), num_nodes=num_nodes)
+
+
+DGL = Style("dgl", graph_arg=0, to_graph=dgl_graph)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import (
+    APPNP,
     EdgeConv,
     GATConv,
     GATv2Conv,
@@ -16,6 +19,8 @@ from torch_geometric.nn import (
     SAGEConv,
     TransformerConv,
 )
+
+from support import build_family
 
 
 class GCN(nn.Module):
@@ -30,11 +35,20 @@ class GCN(nn.Module):
         return self.conv2(x, edge_index)
 
 
-class GCNNoLoops(nn.Module):
-    def __init__(self, d_in: int, hidden: int = 16, d_out: int = 5):
+class TwoGCN(nn.Module):
+    """Two GCNConvs with a ReLU between; ``first`` and ``second``: their keyword arguments."""
+
+    def __init__(
+        self,
+        d_in: int,
+        hidden: int = 16,
+        d_out: int = 5,
+        first: dict[str, Any] | None = None,
+        second: dict[str, Any] | None = None,
+    ):
         super().__init__()
-        self.conv1 = GCNConv(d_in, hidden, add_self_loops=False)
-        self.conv2 = GCNConv(hidden, d_out, normalize=False)
+        self.conv1 = GCNConv(d_in, hidden, **(first or {}))
+        self.conv2 = GCNConv(hidden, d_out, **(second or {}))
 
     def forward(self, x, edge_index):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
@@ -169,10 +183,36 @@ class DynamicEdge(nn.Module):
         return self.lin(self.conv(x, edge_index))
 
 
+class OneConv(nn.Module):
+    """A model that is one conv: ``conv(x, edge_index)``."""
+
+    def __init__(self, conv: nn.Module):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+class LinAPPNP(nn.Module):
+    """``lin`` on the features, then APPNP over ``k`` hops: a K-hop conv, which the
+    layer-wise engine refuses and the node-wise fallback serves."""
+
+    def __init__(self, lin: nn.Module, k: int, alpha: float = 0.1):
+        super().__init__()
+        self.lin = lin
+        self.prop = APPNP(K=k, alpha=alpha)
+
+    def forward(self, x, edge_index):
+        return self.prop(self.lin(x), edge_index)
+
+
 FAMILIES = {
     "gcn": lambda d: GCN(d),
     "gcn_improved": lambda d: GCN(d, improved=True),
-    "gcn_noloops": lambda d: GCNNoLoops(d),
+    "gcn_noloops": lambda d: TwoGCN(
+        d, first={"add_self_loops": False}, second={"normalize": False}
+    ),
     "sage_mean": lambda d: GraphSAGE(d, aggr="mean"),
     "sage_max": lambda d: GraphSAGE(d, aggr="max"),
     "sage_sum": lambda d: GraphSAGE(d, aggr="sum"),
@@ -192,10 +232,4 @@ FAMILIES = {
 
 def build(name: str, d_in: int, seed: int = 0) -> nn.Module:
     """A family's model with deterministic weights and non-trivial BN statistics."""
-    torch.manual_seed(seed)
-    model = FAMILIES[name](d_in)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm1d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
+    return build_family(FAMILIES, name, d_in, seed)

@@ -1,4 +1,7 @@
-"""DGL models (``forward(g, x)``): layer-wise results equal the model's own full-graph forward."""
+"""DGL models (``forward(g, x)``): layer-wise results equal the model's own full-graph forward.
+
+The harness is ``support.exactness``, shared with tests/worker/engine/test_exactness.py.
+"""
 
 from __future__ import annotations
 
@@ -7,70 +10,31 @@ import torch
 
 dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 from support import assert_exact, random_edge_index  # noqa: E402
-from support.dgl_models import FAMILIES, GCN, GraphSAGE, build, dgl_graph  # noqa: E402
+from support.dgl_models import DGL, FAMILIES, GCN, GraphSAGE, build, dgl_graph  # noqa: E402
+from support.exactness import (  # noqa: E402
+    D_IN,
+    assert_full_and_partial,
+    check_medium_graph,
+    check_random_graph,
+    family_cases,
+    graphs,
+)
 
 from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
 
 pytestmark = pytest.mark.dgl
-D_IN = 6
 
 
-@st.composite
-def graphs(draw):
-    """Random graphs: isolated nodes, self-loops and duplicate edges all occur."""
-    n = draw(st.integers(1, 40))
-    edges = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=120))
-    edge_index = torch.tensor(edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
-    seed = draw(st.integers(0, 2**16))
-    x = torch.randn(n, D_IN, generator=torch.Generator().manual_seed(seed))
-    targets = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=8))
-    reorder = draw(st.sampled_from(["rcmk", None]))
-    return edge_index, x, torch.tensor(targets), reorder
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(case=graphs())
+@family_cases(FAMILIES, 25, graphs())
 def test_random_graphs_full_and_partial(family, case):
-    edge_index, x, targets, reorder = case
-    model = build(family, D_IN)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
-    store = GraphStore.from_edge_index(edge_index, x, reorder=reorder)
-    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, self_check=False, progress=False)
-    assert_exact(ev.evaluate(), want, f"{family} full")
-    assert_exact(ev.evaluate(targets=targets), want[targets], f"{family} partial")
-
-
-@pytest.fixture(scope="module")
-def medium_graph():
-    n = 3000
-    edge_index = random_edge_index(n, 24_000, seed=1)
-    x = torch.randn(n, D_IN, generator=torch.Generator().manual_seed(2))
-    return edge_index, x, GraphStore.from_edge_index(edge_index, x)
+    check_random_graph(DGL, build(family, D_IN), case, family)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_medium_graph_many_batches(family, medium_graph):
-    edge_index, x, store = medium_graph
-    model = build(family, D_IN, seed=3)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
-    ev = LayerwiseEvaluator(model, store, init_batch_nodes=97, progress=False)
+    ev = check_medium_graph(DGL, build(family, D_IN, seed=3), medium_graph, family)
     assert ev.split.style == "dgl"
-    assert_exact(ev.evaluate(), want, f"{family} full")
-    assert ev.last_stats.batches > ev.num_layers  # really batched
-    targets = torch.tensor([2999, 0, 17, 17, 1500, 42])
-    assert_exact(ev.evaluate(targets=targets), want[targets], f"{family} partial")
-    exact_again = ev.evaluate(targets=targets, fanouts=[-1] * ev.num_layers)
-    assert_exact(exact_again, want[targets], f"{family} fanouts=-1")
 
 
 @pytest.mark.parametrize("norm", ["both", "left"])
@@ -78,8 +42,7 @@ def test_graphconv_uses_whole_graph_out_degrees(norm, medium_graph):
     """Run on a block with DGL's own (block) out-degrees, GraphConv would differ."""
     edge_index, x, store = medium_graph
     model = build(f"gcn_{norm}", D_IN, seed=5)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
+    want = DGL.forward(model, edge_index, x)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=50, progress=False)
     assert_exact(ev.evaluate(), want, f"gcn {norm}")
     # The naive block run (the conv's own norm on block out-degrees) is measurably off.
@@ -106,8 +69,7 @@ def test_zero_in_degree_refused_like_dgl_and_self_loops_fix_it(medium_graph):
     lacking = torch.ones(x.shape[0], dtype=torch.bool)
     lacking[edge_index[0][edge_index[0] == edge_index[1]]] = False
     loops = lacking.nonzero().squeeze(1).repeat(2, 1)  # what add_self_loops adds
-    with torch.no_grad():
-        want = model(dgl_graph(torch.cat([edge_index, loops], 1), x.shape[0]), x)
+    want = DGL.forward(model, torch.cat([edge_index, loops], 1), x)
     ev = LayerwiseEvaluator(model, looped, init_batch_nodes=200, progress=False)
     assert_exact(ev.evaluate(), want, "gcn with self-loops, zero in-degree disallowed")
 
@@ -121,13 +83,10 @@ def test_sage_lstm_in_edge_id_order():
     x = torch.randn(n, D_IN, generator=torch.Generator().manual_seed(5))
     torch.manual_seed(0)
     model = GraphSAGE(D_IN, aggregator="lstm").eval()
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, n), x)
+    want = DGL.forward(model, edge_index, x)
     store = GraphStore.from_edge_index(edge_index, x, reorder=None)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=37, progress=False)
-    assert_exact(ev.evaluate(), want, "sage lstm full")
-    targets = torch.tensor([3, 399, 17])
-    assert_exact(ev.evaluate(targets=targets), want[targets], "sage lstm partial")
+    assert_full_and_partial(ev, want, torch.tensor([3, 399, 17]), "sage lstm")
 
 
 @pytest.mark.parametrize("family", ["gcn_both", "sage_mean", "gat", "jk_cat"])
@@ -140,8 +99,7 @@ def test_synthetic_powerlaw_full_and_partial(family, tmp_path):
     edge_index = torch.stack([store.indices.long(), dst])
     x = store.features.float()
     model = build(family, 8, seed=1)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, store.num_nodes), x)
+    want = DGL.forward(model, edge_index, x)
     ev = LayerwiseEvaluator(model, store, progress=False, memory_budget_bytes=1 << 20)
     storage_order = store.sorted_external_order()
     assert_exact(ev.evaluate(), want[storage_order], f"{family} full")
@@ -167,8 +125,7 @@ def test_u_mul_e_runs_as_csr_spmm_exactly(family, medium_graph, monkeypatch):
     monkeypatch.setattr(dgl_conv, "_u_mul_e_sum", spy)
     edge_index, x, store = medium_graph
     model = build(family, D_IN, seed=4)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
+    want = DGL.forward(model, edge_index, x)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=150, progress=False)
     assert_exact(ev.evaluate(), want, f"{family} via CSR SpMM")
     assert any(calls)

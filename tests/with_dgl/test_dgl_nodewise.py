@@ -8,11 +8,11 @@ import torch
 dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
 
 import dgl.nn as dglnn  # noqa: E402
-from support import assert_exact, random_edge_index  # noqa: E402
-from support.dgl_models import GCN, build, dgl_graph  # noqa: E402
+from support import assert_exact, random_graph  # noqa: E402
+from support.dgl_models import DGL, GCN, build  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator, make_evaluator  # noqa: E402
+from hopserve import LayerwiseEvaluator, NodewiseEvaluator, make_evaluator  # noqa: E402
 from hopserve.worker.trace import ModelTraceError  # noqa: E402
 
 pytestmark = pytest.mark.dgl
@@ -44,18 +44,14 @@ class DegreeScaled(nn.Module):
 
 @pytest.fixture(scope="module")
 def graph():
-    n = 250
-    edge_index = random_edge_index(n, 1200, seed=8)
-    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(9))
-    return edge_index, x, GraphStore.from_edge_index(edge_index, x)
+    return random_graph(250, 1200, 5, seed=8, x_seed=9)
 
 
 @pytest.mark.parametrize("family", ["gcn_both", "gcn_left", "gat", "sage_pool", "jk_cat"])
 def test_nodewise_matches_forward(graph, family):
     edge_index, x, store = graph
     model = build(family, 5, seed=2)
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
+    want = DGL.forward(model, edge_index, x)
     ev = NodewiseEvaluator(model, store, batch_size=37)
     assert ev.style == "dgl"
     assert ev.out_degree_sink == family.startswith(("gcn", "jk"))  # GraphConv both/left
@@ -73,8 +69,7 @@ def test_fallback_serves_refused_dgl_models(graph, model_cls):
         LayerwiseEvaluator(model, store)
     ev = make_evaluator(model, store, fallback="nodewise", hops=1)
     assert ev.mode == "nodewise"
-    with torch.no_grad():
-        want = model(dgl_graph(edge_index, x.shape[0]), x)
+    want = DGL.forward(model, edge_index, x)
     assert_exact(ev.evaluate(), want, f"{model_cls.__name__} fallback")
 
 

@@ -31,21 +31,10 @@ from hopserve.proto.contract import (
 )
 from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
 from hopserve.server.dispatch import RemoteWorkerClient
-from hopserve.worker.runtime import make_worker
 from hopserve.worker.service import SERVICE_NAME, serve_worker
 
 # ---------------------------------------------------------------------------- service
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    servable = write_servable(tmp_path_factory.mktemp("svc"))
-    worker = make_worker("cpu", worker_id="svc-worker")
-    worker.load_model(servable.config())
-    server, port = serve_worker(worker, "127.0.0.1", 0)
-    yield servable, worker, f"127.0.0.1:{port}"
-    server.stop(None).wait(5)
-    worker.close()
+# ``served`` (conftest.py): the tiny servable model on a CPU worker "svc-worker", served.
 
 
 async def _remote(address: str, *jobs: Job):

@@ -1,7 +1,8 @@
 """Hostile jobs at the worker's edge: every one is INVALID_ARGUMENT naming what is wrong.
 
-Real components: the tiny servable model on a CPU worker, served by ``serve_worker`` on
-loopback; raw bytes go through a generic ``unary_unary`` (no client-side encoding).
+Real components (``served``, conftest.py): the tiny servable model on a CPU worker, served
+by ``serve_worker`` on loopback; raw bytes go through a generic ``unary_unary`` (no
+client-side encoding).
 """
 
 from __future__ import annotations
@@ -18,47 +19,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import assert_exact
-from support.servable import Servable, exact_job, write_servable
+from support.logs import Records, capture_records
+from support.servable import exact_job
 
 from hopserve.proto.codec import job_from_proto, job_to_proto
 from hopserve.proto.contract import InvalidJobError, Job, JobError
 from hopserve.proto.v1 import worker_pb2
-from hopserve.worker.runtime import make_worker
-from hopserve.worker.runtime.base import Worker
-from hopserve.worker.service import SERVICE_NAME, serve_worker
+from hopserve.worker.service import SERVICE_NAME
 
 RUN_JOB = f"/{SERVICE_NAME}/RunJob"
 MAX_DETAILS = 1024  # bytes (hopserve.rpc.MAX_STATUS_BYTES)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Servable, Worker, str]]:
-    servable = write_servable(tmp_path_factory.mktemp("edge"))
-    worker = make_worker("cpu", worker_id="edge-worker")
-    worker.load_model(servable.config())
-    server, port = serve_worker(worker, "127.0.0.1", 0)
-    yield servable, worker, f"127.0.0.1:{port}"
-    server.stop(None).wait(5)
-    worker.close()
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def records() -> Iterator[_Records]:
-    handler = _Records()
-    logging.getLogger().addHandler(handler)
-    try:
+def records() -> Iterator[Records]:
+    with capture_records() as handler:
         yield handler
-    finally:
-        logging.getLogger().removeHandler(handler)
 
 
 def _run_raw(address: str, data: bytes, method: str = RUN_JOB) -> grpc.RpcError:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.client import EmbeddingClient
 from hopserve.config import HopserveConfig
 from hopserve.server.app import Service, build_server
+from hopserve.testing import free_port
 
 MODEL = "sage"
 NUM_NODES = 300
@@ -42,12 +42,6 @@ FEATURES = 8
 ID_OFFSET = 10_000  # external ID of storage row i is ID_OFFSET + 7 * i (not the row index)
 ENTRYPOINT = "support.models:GraphSAGE"
 KWARGS = {"d_in": FEATURES, "hidden": 16, "d_out": 5, "aggr": "mean"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def external_ids() -> np.ndarray:

@@ -7,11 +7,9 @@ Requests the SDK would refuse before sending go through the raw gRPC stub.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,9 +21,9 @@ import grpc
 import numpy as np
 import pytest
 import torch
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from support.processes import start_serve
 
 from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.client import (
@@ -560,15 +558,7 @@ def test_hopserve_serve_cli_serves_and_stops_on_sigterm(
 ) -> None:
     config = make_config(cache={"backend": "memory"})
     path = tmp_path / "hopserve.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    tests_dir = str(Path(__file__).resolve().parents[2])
-    env = os.environ | {"PYTHONPATH": tests_dir + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hopserve", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    proc = start_serve(config, path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         with EmbeddingClient(f"127.0.0.1:{config.server.port}", timeout=60) as client:
             client.wait_until_ready(60, model=MODEL)

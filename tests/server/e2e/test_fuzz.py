@@ -17,7 +17,6 @@ from the engine run directly (``evaluator``).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from support import assert_exact
+from support.logs import Records, capture_records
 
 from hopserve import LayerwiseEvaluator
 from hopserve.proto.tensors import decode_embeddings
@@ -52,20 +52,8 @@ DOCUMENTED = {
 }
 
 
-class _Records(logging.Handler):
-    """Every record logged while installed (real logging, root logger)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def errors(self) -> list[str]:
-        """ERROR records and records with a traceback, formatted."""
-        bad = [r for r in self.records if r.levelno >= logging.ERROR or r.exc_info]
-        return [f"{r.name} {r.levelname}: {r.getMessage()[:300]}" for r in bad]
+class _Records(Records):
+    """Every record logged while installed, and what of it counts as a flood."""
 
     def floods(self) -> list[str]:
         """What the log must not hold under hostile traffic: an error of hopserve's own, a
@@ -84,13 +72,8 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def records() -> Iterator[_Records]:
-    handler = _Records()
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
+    with capture_records(_Records()) as handler:
         yield handler
-    finally:
-        root.removeHandler(handler)
 
 
 @pytest.fixture(scope="module")

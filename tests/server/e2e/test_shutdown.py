@@ -7,22 +7,18 @@ and new requests sometimes CANCELLED instead of the retryable UNAVAILABLE.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import yaml
+from support.processes import start_serve
 
 from hopserve.client import EmbeddingClient
 from hopserve.client.errors import HopserveError
-
-TESTS = str(Path(__file__).resolve().parents[2])
 
 
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones_retryably(
@@ -30,15 +26,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones_retryably(
 ) -> None:
     config = make_config(cache={"backend": "none"}, max_wait_ms=5, grace_period_s=10)
     path = tmp_path / "hopserve.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    env = os.environ | {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hopserve", "serve", "--config", str(path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = start_serve(config, path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     target = f"127.0.0.1:{config.server.port}"
     try:
         with EmbeddingClient(target, timeout=60) as client:

@@ -7,18 +7,16 @@ and ``GetModel`` answers what an in-process front-end answers.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
+from support.processes import child_env, start_serve, write_config
 
 from hopserve.client import EmbeddingClient
 from hopserve.testing import free_port
 
-TESTS = str(Path(__file__).resolve().parents[2])
 NO_TORCH = (
     "import sys\n"
     "for name in ('torch', 'torch_geometric', 'dgl'):\n"
@@ -40,15 +38,13 @@ def test_a_front_end_without_torch_serves_through_a_remote_worker(
     worker.load_model(in_process.service.config.models[0], in_process.service.config.engine)
     worker_server, worker_port = serve_worker(worker, "127.0.0.1", 0)
     config = make_config(cache={"backend": "none"}, workers=[f"127.0.0.1:{worker_port}"])
-    path = tmp_path / "frontend.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    env = os.environ | {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", NO_TORCH, "serve", "--config", str(path)],
+    proc = start_serve(
+        config,
+        tmp_path / "frontend.yaml",
+        ("-c", NO_TORCH),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
     )
     try:
         target = f"127.0.0.1:{config.server.port}"
@@ -89,14 +85,13 @@ def test_front_end_modules_import_without_torch() -> None:
 
 def test_embedded_worker_without_torch_is_a_clear_config_error(tmp_path: Path, make_config):
     config = make_config(cache={"backend": "none"}, port=free_port())
-    path = tmp_path / "embedded.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    path = write_config(config, tmp_path / "embedded.yaml")
     proc = subprocess.run(
         [sys.executable, "-c", NO_TORCH, "serve", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
-        env=os.environ | {"PYTHONPATH": TESTS},
+        env=child_env(),
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "torch" in proc.stderr and "server.workers" in proc.stderr

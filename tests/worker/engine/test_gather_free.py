@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import assert_exact, random_edge_index
+from support import assert_exact, random_graph
 from support.models import build
 
-from hopserve import GraphStore, LayerwiseEvaluator
+from hopserve import LayerwiseEvaluator
 
 
 @pytest.fixture(scope="module")
 def graph():
-    n = 900
-    edge_index = random_edge_index(n, 7000, seed=12)
-    x = torch.randn(n, 6, generator=torch.Generator().manual_seed(13))
-    return edge_index, x, GraphStore.from_edge_index(edge_index, x)
+    return random_graph(900, 7000, 6, seed=12, x_seed=13)
 
 
 @pytest.mark.parametrize("family", ["sage_mean", "sage_sum", "gin", "graphconv"])

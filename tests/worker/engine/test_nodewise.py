@@ -4,32 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import assert_exact, random_edge_index
-from support.models import build
+from support import assert_exact, random_graph
+from support.models import LinAPPNP, OneConv, build
 from torch import nn
-from torch_geometric.nn import APPNP, SGConv
+from torch_geometric.nn import SGConv
 
-from hopserve import GraphStore, LayerwiseEvaluator, NodewiseEvaluator, make_evaluator
+from hopserve import LayerwiseEvaluator, NodewiseEvaluator, make_evaluator
 from hopserve.worker.trace import ModelTraceError
 
 
-class APPNPNet(nn.Module):
+class APPNPNet(LinAPPNP):
     def __init__(self):
-        super().__init__()
-        self.lin = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
-        self.prop = APPNP(K=4, alpha=0.1)
-
-    def forward(self, x, edge_index):
-        return self.prop(self.lin(x), edge_index)
+        super().__init__(nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3)), k=4)
 
 
-class SGC(nn.Module):
+class SGC(OneConv):
     def __init__(self):
-        super().__init__()
-        self.conv = SGConv(5, 3, K=2)
-
-    def forward(self, x, edge_index):
-        return self.conv(x, edge_index)
+        super().__init__(SGConv(5, 3, K=2))
 
 
 class Branchy(nn.Module):
@@ -47,10 +38,7 @@ class Branchy(nn.Module):
 
 @pytest.fixture(scope="module")
 def graph():
-    n = 250
-    edge_index = random_edge_index(n, 1200, seed=8)
-    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(9))
-    return edge_index, x, GraphStore.from_edge_index(edge_index, x)
+    return random_graph(250, 1200, 5, seed=8, x_seed=9)
 
 
 @pytest.mark.parametrize("model_cls", [APPNPNet, SGC])

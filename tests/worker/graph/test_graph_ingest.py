@@ -264,46 +264,18 @@ def _cli(*args: str):
 def test_cli_ingest_and_force(tmp_path, files):
     epath = _write_edges(tmp_path / "e", "csv", EDGES)
     out = tmp_path / "store"
-    res = _cli("--edges", epath, "--features", files["features"], "--out", out)
+    base = ("--edges", epath, "--features", files["features"], "--out", out)
+    res = _cli(*base)
     assert res.exit_code == 0, res.output
     assert "wrote" in res.stdout and GraphStore.open(out).num_edges == len(EDGES)
     first = GraphStore.open(out).version
-    res = _cli("--edges", epath, "--features", files["features"], "--out", out, "--symmetrize")
+    res = _cli(*base, "--symmetrize")
     assert res.exit_code == 2 and "error:" in res.stderr and "--force" in res.stderr
     assert GraphStore.open(out).version == first
-    res = _cli(
-        "--edges",
-        epath,
-        "--features",
-        files["features"],
-        "--out",
-        out,
-        "--symmetrize",
-        "--force",
-        "--node-ids",
-        files["ids"],
-        "--reorder",
-        "none",
-        "--delimiter",
-        ",",
-    )
+    forced = (*base, "--symmetrize", "--force")
+    res = _cli(*forced, "--node-ids", files["ids"], "--reorder", "none", "--delimiter", ",")
     assert res.exit_code == 2 and "unknown node ID 0" in res.stderr  # edges use row indices
-    res = _cli(
-        "--edges",
-        epath,
-        "--features",
-        files["features"],
-        "--out",
-        out,
-        "--symmetrize",
-        "--force",
-        "--labels",
-        files["labels"],
-        "--self-loops",
-        "--dedup",
-        "--reorder",
-        "none",
-    )
+    res = _cli(*forced, "--labels", files["labels"], "--self-loops", "--dedup", "--reorder", "none")
     assert res.exit_code == 0, res.output
     g = GraphStore.open(out)
     assert g.version != first and g.meta.flags.symmetrized and g.ordering == "identity"

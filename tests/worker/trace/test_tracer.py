@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from support import random_edge_index
+from support.models import LinAPPNP, OneConv
 from torch import nn
-from torch_geometric.nn import APPNP, MessagePassing, SAGEConv, SGConv
+from torch_geometric.nn import MessagePassing, SAGEConv, SGConv
 from torch_geometric.utils import add_self_loops
 
 from hopserve import GraphStore, LayerwiseEvaluator
@@ -19,14 +20,9 @@ def store():
     return GraphStore.from_edge_index(random_edge_index(n, 300), torch.randn(n, 4))
 
 
-class WithAPPNP(nn.Module):
+class WithAPPNP(LinAPPNP):
     def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 3)
-        self.prop = APPNP(K=3, alpha=0.1)
-
-    def forward(self, x, edge_index):
-        return self.prop(self.lin(x), edge_index)
+        super().__init__(nn.Linear(4, 3), k=3)
 
 
 class GraphOutsideConv(nn.Module):
@@ -130,16 +126,8 @@ def test_refusal_names_source_line_of_the_model(store):
 
 
 def test_sgconv_refused_as_multi_hop(store):
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = SGConv(4, 3, K=2)
-
-        def forward(self, x, edge_index):
-            return self.conv(x, edge_index)
-
     with pytest.raises(ModelTraceError, match="K hops"):
-        LayerwiseEvaluator(Net(), store)
+        LayerwiseEvaluator(OneConv(SGConv(4, 3, K=2)), store)
 
 
 def test_trace_records_style_and_convs():
