@@ -24,6 +24,7 @@ for folder in (DEPLOY, DEPLOY / "grafana", Path(__file__).resolve().parent):
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
 
+import live_prometheus  # noqa: E402
 import livestack  # noqa: E402
 
 MISSING_PROMETHEUS = (
@@ -34,7 +35,7 @@ MISSING_PROMETHEUS = (
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
-    path = livestack.promtool_binary()
+    path = live_prometheus.promtool_binary()
     if path is None:
         pytest.skip(MISSING_PROMETHEUS.replace("prometheus is", "promtool is"))
     return path
@@ -42,7 +43,7 @@ def promtool() -> str:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[livestack.LiveStack]:
-    if livestack.prometheus_binary() is None:
+    if live_prometheus.prometheus_binary() is None:
         pytest.skip(MISSING_PROMETHEUS)
     stack = livestack.LiveStack(tmp_path_factory.mktemp("live"))
     try:

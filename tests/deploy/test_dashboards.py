@@ -14,7 +14,7 @@ import build_dashboards
 import promql_lint
 import pytest
 import yaml
-from livestack import DEPLOY
+from live_prometheus import DEPLOY
 
 DASHBOARD_FILES = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 PROVISIONING = DEPLOY / "grafana" / "provisioning"

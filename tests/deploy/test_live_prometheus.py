@@ -17,10 +17,11 @@ import sys
 import time
 from typing import Any
 
+import live_prometheus
 import livestack
 import pytest
 import yaml
-from livestack import DEPLOY
+from live_prometheus import DEPLOY
 from render_panels import substitute
 
 from hopserve.server.app import SERVICE_NAME
@@ -49,7 +50,7 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def test_prometheus_scrapes_the_frontend(live: livestack.LiveStack) -> None:
     (target,) = live.prometheus.targets()
-    assert target["labels"]["job"] == livestack.FRONTEND_JOB
+    assert target["labels"]["job"] == live_prometheus.FRONTEND_JOB
     assert target["health"] == "up", target
     assert target["scrapeUrl"] == f"http://{live.server.metrics_target}/metrics"
 
@@ -62,7 +63,7 @@ def test_every_panel_query_returns_data(live: livestack.LiveStack) -> None:
         answer = live.prometheus.query(query, at=at)
         if answer.get("status") != "success":
             failures.append(f"{where}: {answer.get('errorType')}: {answer.get('error')}\n  {query}")
-        elif not livestack.has_number(answer):
+        elif not live_prometheus.has_number(answer):
             if REDIS_ONLY in expr and live.cache_backend != "redis":
                 continue  # parsed; needs redis-server for data
             failures.append(f"{where}: no finite sample: {answer['data']['result']}\n  {query}")
@@ -110,7 +111,7 @@ def test_error_series_exist(live: livestack.LiveStack) -> None:
     assert ("_unknown", "not_found") in seen
     if live.cache_backend == "redis":
         errors = live.prometheus.query("sum(hopserve_cache_errors_total)")
-        assert livestack.samples(errors) and livestack.samples(errors)[0] > 0
+        assert live_prometheus.samples(errors) and live_prometheus.samples(errors)[0] > 0
 
 
 def test_compose_healthcheck_passes_against_a_live_frontend(live: livestack.LiveStack) -> None:

@@ -20,7 +20,7 @@ import pytest
 import typer
 import typer.main
 import yaml
-from livestack import DEPLOY
+from live_prometheus import DEPLOY
 
 from hopserve.cli import app
 from hopserve.config import HopserveConfig, load_config

@@ -15,7 +15,7 @@ from typing import Any
 import promql_lint
 import pytest
 import yaml
-from livestack import DEPLOY
+from live_prometheus import DEPLOY
 
 from hopserve.config import load_config
 

@@ -114,8 +114,7 @@ class Worker(abc.ABC):
         self.verify_frontiers = verify_frontiers
         self._models: dict[tuple[str, str], LoadedModel] = {}
         self._state = threading.Lock()  # guards _models and the counters
-        self._running = 0
-        self._queued = 0
+        self._jobs = {"queued": 0, "running": 0}  # guarded by self._state
         self._device_ready = False
 
     # ------------------------------------------------------------------ device
@@ -282,7 +281,7 @@ class Worker(abc.ABC):
         check_graph_version(job, entry.graph.version)
         targets = check_targets(job, entry.graph.num_nodes)
         check_deadline(job)
-        with self._queued_slot():
+        with self._counted("queued"):
             left = time_left(job)
             timeout = -1 if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
             acquired = entry.lock.acquire(timeout=timeout)
@@ -292,7 +291,7 @@ class Worker(abc.ABC):
                 f"{quote(job.model)}"
             )
         try:
-            with self._running_slot(), self._device_context():
+            with self._counted("running"), self._device_context():
                 check_deadline(job)
                 t0 = time.perf_counter()
                 plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
@@ -338,30 +337,21 @@ class Worker(abc.ABC):
             ) from err
 
     @contextmanager
-    def _queued_slot(self) -> Iterator[None]:
+    def _counted(self, state: str) -> Iterator[None]:
+        """Count a job as ``"queued"`` (waiting for its model) or ``"running"`` while inside."""
         with self._state:
-            self._queued += 1
+            self._jobs[state] += 1
         try:
             yield
         finally:
             with self._state:
-                self._queued -= 1
-
-    @contextmanager
-    def _running_slot(self) -> Iterator[None]:
-        with self._state:
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._state:
-                self._running -= 1
+                self._jobs[state] -= 1
 
     @property
     def inflight(self) -> int:
         """Jobs running or waiting for their model."""
         with self._state:
-            return self._running + self._queued
+            return self._jobs["running"] + self._jobs["queued"]
 
     # ------------------------------------------------------------------ status
     def status(self) -> WorkerStatus:
@@ -369,7 +359,7 @@ class Worker(abc.ABC):
         memory = self.memory_info()
         with self._state:
             models = tuple(self._models[k].status() for k in sorted(self._models))
-            running, queued = self._running, self._queued
+            running, queued = self._jobs["running"], self._jobs["queued"]
         return WorkerStatus(
             worker_id=self.worker_id,
             device=str(self.device),

@@ -12,6 +12,10 @@ from the engine run directly (``evaluator``).
   streaming) sent concurrently so cancellations race with batching; every answer is a
   documented code, every OK answer equals the engine, and afterwards the server is healthy
   and not wedged.
+
+The module is one harness (request strategies, sender, oracle) around one live server;
+it stays in one file (about 500 lines) so the strategies and the checks they feed read
+together.
 """
 
 from __future__ import annotations
