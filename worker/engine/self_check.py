@@ -11,6 +11,7 @@ own full-graph forward within float32 rounding. The check runs in its own
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -61,17 +62,9 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
             ),
         )
 
-    probe_ctx = RunContext(
-        graph=probe,
-        split=split,
-        device=ctx.device,
-        memory_budget_bytes=ctx.memory_budget_bytes,
-        host_memory_budget_bytes=ctx.host_memory_budget_bytes,
-        spill_dir=ctx.spill_dir,
-        sizer_for=tiny_sizer,
-        pool=None,
-        copy_stream=ctx.copy_stream,
-        progress=False,
+    # The evaluator's context on the probe graph: tiny batches, no prefetch, no bars.
+    probe_ctx = dataclasses.replace(
+        ctx, graph=probe, split=split, sizer_for=tiny_sizer, pool=None, progress=False
     )
     targets = torch.tensor([n - 1, 0, 5, 5, n // 2])
     full = Plan([LayerFrontier(None)] * (split.num_layers + 1), None)
