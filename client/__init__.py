@@ -8,6 +8,9 @@ enough to query a server::
     with EmbeddingClient("localhost:50051") as client:
         emb = client.get_embeddings("sage", [3, 1, 4])  # float32 [3, dim]
 
+    # a secured server: TLS with your CA, a bearer token (scope embeddings:read)
+    EmbeddingClient("hopserve.internal:50051", root_certificates="ca.crt", token=token)
+
 :class:`AsyncEmbeddingClient` has the same methods as coroutines. Failures raise
 :class:`HopserveError` subclasses carrying the gRPC status; :mod:`hopserve.proto.tensors`
 packs and unpacks the raw tensors of the wire format.
@@ -20,7 +23,9 @@ from hopserve.client.errors import (
     InvalidArgumentError,
     MalformedResponseError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from hopserve.client.results import BlockInfo, EmbeddingResult, ModelInfo
@@ -38,7 +43,9 @@ __all__ = [
     "MalformedResponseError",
     "ModelInfo",
     "NotFoundError",
+    "PermissionDeniedError",
     "ResourceExhaustedError",
+    "UnauthenticatedError",
     "UnavailableError",
     "decode_embeddings",
     "encode_embeddings",

@@ -8,8 +8,9 @@ sync and asyncio clients add only the I/O loops.
 Retry policy: UNAVAILABLE, RESOURCE_EXHAUSTED and server-side CANCELLED (a server
 shutting down) are retried up to ``max_retries`` times with exponential backoff and
 full jitter (``uniform(0, min(backoff_max,
-backoff_base * 2**attempt))``). A call's deadline covers all of its RPCs and sleeps:
-when the next sleep would reach the deadline the last error is raised at once.
+backoff_base * 2**attempt))``); a rate-limited answer's ``retry-after-ms`` hint is a
+floor on that sleep. A call's deadline covers all of its RPCs and sleeps: when the next
+sleep would reach the deadline the last error is raised at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -43,6 +45,8 @@ from hopserve.client.errors import (
 )
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.proto.v1 import embedding_pb2_grpc
+from hopserve.security.gate import RETRY_AFTER_KEY
+from hopserve.security.tls import TlsError, channel_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +97,13 @@ class EmbeddingClientBase:
             consecutive RPCs and reassembled in request order.
         channel_options: Extra gRPC channel options, overriding
             :data:`DEFAULT_CHANNEL_OPTIONS` key by key.
-        credentials: TLS credentials; None uses an insecure (plaintext) channel.
+        credentials: Ready-made gRPC channel credentials (instead of the TLS options).
+        tls: Use TLS with the system's root certificates (implied by the options below).
+        root_certificates: CA certificate(s) to trust, PEM (path or bytes): TLS.
+        client_certificate: Client certificate chain for mutual TLS, PEM (path or bytes).
+        client_key: Its private key, PEM (path or bytes).
+        token: Bearer token sent with every call (``authorization`` metadata); never
+            logged or shown in ``repr``.
     """
 
     def __init__(
@@ -107,6 +117,11 @@ class EmbeddingClientBase:
         max_nodes_per_request: int = 50_000,
         channel_options: Sequence[tuple[str, Any]] | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        tls: bool = False,
+        root_certificates: str | Path | bytes | None = None,
+        client_certificate: str | Path | bytes | None = None,
+        client_key: str | Path | bytes | None = None,
+        token: str | None = None,
     ) -> None:
         if not isinstance(target, str) or not target:
             raise InvalidArgumentError(
@@ -127,7 +142,14 @@ class EmbeddingClientBase:
         options = dict(DEFAULT_CHANNEL_OPTIONS)
         options.update(dict(channel_options or ()))
         self._channel_options = list(options.items())
-        self._credentials = credentials
+        self._credentials = _channel_credentials(
+            credentials, tls, root_certificates, client_certificate, client_key
+        )
+        if token is not None and (not isinstance(token, str) or not token.strip()):
+            raise InvalidArgumentError("token must be a non-empty string")
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token.strip()}"),) if token else ()
+        )
         self._rng = random.Random()
         self._closed = False
         self._channel: Any = None
@@ -212,7 +234,7 @@ class EmbeddingClientBase:
             return None
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
             return None  # a message-size limit: deterministic, retrying cannot help
-        delay = self._backoff(attempt)
+        delay = max(self._backoff(attempt), _retry_after(err))
         left = deadline.remaining()
         if left is not None and delay >= left:
             return None
@@ -268,3 +290,41 @@ class EmbeddingClientBase:
         return DeadlineExceededError(
             f"{what} at {self._target} not ready within {deadline.timeout:g}s"
         )
+
+
+def _retry_after(err: grpc.RpcError) -> float:
+    """The server's ``retry-after-ms`` hint in seconds (0.0 without one)."""
+    try:
+        trailing = err.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # an error without a call behind it
+        return 0.0
+    for key, value in trailing:
+        if key == RETRY_AFTER_KEY:
+            try:
+                return max(0.0, min(float(value) / 1000.0, 60.0))
+            except (TypeError, ValueError):
+                return 0.0
+    return 0.0
+
+
+def _channel_credentials(
+    credentials: grpc.ChannelCredentials | None,
+    tls: bool,
+    root_certificates: str | Path | bytes | None,
+    client_certificate: str | Path | bytes | None,
+    client_key: str | Path | bytes | None,
+) -> grpc.ChannelCredentials | None:
+    options = (root_certificates, client_certificate, client_key)
+    if credentials is not None:
+        if tls or any(o is not None for o in options):
+            raise InvalidArgumentError(
+                "give either credentials or the TLS options (tls, root_certificates, "
+                "client_certificate, client_key), not both"
+            )
+        return credentials
+    if not tls and all(o is None for o in options):
+        return None
+    try:
+        return channel_credentials(root_certificates, client_certificate, client_key)
+    except TlsError as err:
+        raise InvalidArgumentError(str(err)) from None

@@ -114,7 +114,9 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         attempt = 0
         while not query.finished:
             request = query.next_request()
-            call = self._stub.StreamEmbeddings(request, timeout=query.deadline.rpc_timeout())
+            call = self._stub.StreamEmbeddings(
+                request, timeout=query.deadline.rpc_timeout(), metadata=self._metadata
+            )
             try:
                 async for chunk in call:
                     yield query.add_chunk(chunk)
@@ -187,7 +189,7 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         attempt = 0
         while True:
             try:
-                return await rpc(request, timeout=deadline.rpc_timeout())
+                return await rpc(request, timeout=deadline.rpc_timeout(), metadata=self._metadata)
             except grpc.RpcError as err:
                 delay = self._retry_delay(err, attempt, deadline)
                 if delay is None:

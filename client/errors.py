@@ -14,7 +14,9 @@ __all__ = [
     "InvalidArgumentError",
     "MalformedResponseError",
     "NotFoundError",
+    "PermissionDeniedError",
     "ResourceExhaustedError",
+    "UnauthenticatedError",
     "UnavailableError",
     "from_rpc_error",
 ]
@@ -76,6 +78,18 @@ class ResourceExhaustedError(HopserveError):
     default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class UnauthenticatedError(HopserveError):
+    """No token, or one the server does not accept (UNAUTHENTICATED)."""
+
+    default_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(HopserveError):
+    """The token lacks the scope the call needs (PERMISSION_DENIED)."""
+
+    default_code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class DeadlineExceededError(HopserveError, TimeoutError):
     """The call's deadline passed (DEADLINE_EXCEEDED); also a :class:`TimeoutError`."""
 
@@ -95,6 +109,8 @@ _BY_CODE: dict[grpc.StatusCode, type[HopserveError]] = {
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

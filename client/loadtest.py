@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,9 +119,14 @@ class TargetSampler:
         return self.ids[np.minimum(ranks, self.ids.size - 1)]
 
 
-async def run_load(target: str, spec: LoadSpec) -> LoadReport:
-    """Run the closed loop against ``target`` and report QPS and latency percentiles."""
-    async with AsyncEmbeddingClient(target, timeout=spec.timeout_s, max_retries=0) as client:
+async def run_load(target: str, spec: LoadSpec, **client_options: Any) -> LoadReport:
+    """Run the closed loop against ``target`` and report QPS and latency percentiles.
+
+    ``client_options`` go to :class:`AsyncEmbeddingClient` (TLS options, token).
+    """
+    async with AsyncEmbeddingClient(
+        target, timeout=spec.timeout_s, max_retries=0, **client_options
+    ) as client:
         ids = spec.node_ids
         if ids is None:
             info = await client.get_model(spec.model)

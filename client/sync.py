@@ -130,7 +130,9 @@ class EmbeddingClient(EmbeddingClientBase):
         attempt = 0
         while not query.finished:
             request = query.next_request()
-            call = self._stub.StreamEmbeddings(request, timeout=query.deadline.rpc_timeout())
+            call = self._stub.StreamEmbeddings(
+                request, timeout=query.deadline.rpc_timeout(), metadata=self._metadata
+            )
             try:
                 for chunk in call:
                     yield query.add_chunk(chunk)
@@ -216,7 +218,7 @@ class EmbeddingClient(EmbeddingClientBase):
         attempt = 0
         while True:
             try:
-                return rpc(request, timeout=deadline.rpc_timeout())
+                return rpc(request, timeout=deadline.rpc_timeout(), metadata=self._metadata)
             except grpc.RpcError as err:
                 delay = self._retry_delay(err, attempt, deadline)
                 if delay is None:

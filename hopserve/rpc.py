@@ -12,7 +12,7 @@ Client-supplied text that goes back into a status message or a log line passes t
 escaped, plus its size; :func:`clip` leaves short printable ids such as job ids bare); a
 whole status message through :func:`bound_message` (at most :data:`MAX_STATUS_BYTES`
 UTF-8 bytes), so that an answer always fits gRPC's metadata limit.
-Imports grpc, protobuf and :mod:`hopserve.logs` only (no torch).
+Imports grpc, protobuf, :mod:`hopserve.logs` and :mod:`hopserve.security` only (no torch).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
 from hopserve.logs import rate_limited
+from hopserve.security.gate import Denial, Gate
 
 __all__ = [
     "MAX_QUOTED_CHARS",
@@ -127,12 +128,15 @@ def add_service(
     service: ServiceDescriptor,
     *,
     on_undecodable: Rejected | None = None,
+    gate: Gate | None = None,
 ) -> None:
     """Register ``servicer`` for every method of ``service`` on ``server``.
 
     Does what the generated ``add_<Service>Servicer_to_server`` does (generic and
     registered method handlers), with :func:`safe_deserializer` request deserializers:
     undecodable bytes are answered ``INVALID_ARGUMENT`` and never reach the servicer.
+    With a ``gate`` every call passes :meth:`Gate.check` first (tokens, scopes, rate
+    limits), before its bytes are even looked at.
     Works for grpc.aio (coroutine / async-generator methods) and sync servers; methods
     with a request stream are not supported.
 
@@ -147,7 +151,7 @@ def add_service(
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
         behavior = getattr(servicer, method.name)
-        wrapped = _guard(method, behavior, aio, on_undecodable)
+        wrapped = _guard(method, behavior, aio, on_undecodable, gate)
         factory = (
             grpc.unary_stream_rpc_method_handler
             if method.server_streaming
@@ -171,9 +175,20 @@ def _guard(
     behavior: Callable[..., Any],
     aio: bool,
     on_undecodable: Rejected | None,
+    gate: Gate | None,
 ) -> Callable[..., Any]:
-    """``behavior`` preceded by the INVALID_ARGUMENT answer to an undecodable request."""
+    """``behavior`` preceded by the gate's check and the INVALID_ARGUMENT answer to an
+    undecodable request."""
     name = method.name
+    full_name = f"/{method.containing_service.full_name}/{name}"
+
+    def denied(context: Any) -> Denial | None:
+        if gate is None:
+            return None
+        denial = gate.check(full_name, context.invocation_metadata(), context.peer())
+        if denial is not None:
+            logger.debug("%s from %s refused: %s", name, context.peer(), denial.message)
+        return denial
 
     def rejected(request: UndecodableRequest, context: Any) -> str:
         logger.debug("%s: undecodable request from %s: %s", name, context.peer(), request)
@@ -189,6 +204,8 @@ def _guard(
             raise ValueError(f"{method.full_name}: expected an async generator method")
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if denial := denied(context):
+                await _abort_aio(context, denial)
             if isinstance(request, UndecodableRequest):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, rejected(request, context))
             inner = behavior(request, context)
@@ -202,6 +219,8 @@ def _guard(
     if aio:
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if denial := denied(context):
+                await _abort_aio(context, denial)
             if isinstance(request, UndecodableRequest):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, rejected(request, context))
             return await behavior(request, context)
@@ -209,8 +228,15 @@ def _guard(
         return unary
 
     def sync(request: Any, context: grpc.ServicerContext) -> Any | Iterator[Any]:
+        if denial := denied(context):
+            context.set_trailing_metadata(denial.trailing_metadata)
+            context.abort(denial.code, denial.message)
         if isinstance(request, UndecodableRequest):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, rejected(request, context))
         return behavior(request, context)
 
     return sync
+
+
+async def _abort_aio(context: grpc.aio.ServicerContext, denial: Denial) -> None:
+    await context.abort(denial.code, denial.message, trailing_metadata=denial.trailing_metadata)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +29,29 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hopserve.config import ConfigError, HopserveConfig
-from hopserve.proto.contract import ModelStatus, WorkerUnavailableError
+from hopserve.logs import rate_limited
+from hopserve.proto.contract import JobError, ModelStatus, WorkerUnavailableError
 from hopserve.proto.v1 import embedding_pb2
 from hopserve.rpc import add_service
+from hopserve.security.factory import (
+    exposure_warnings,
+    link_channel,
+    posture,
+    public_credentials,
+    public_gate,
+)
+from hopserve.security.gate import Gate
 from hopserve.server.cache import EmbeddingCache, make_cache
 from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
 from hopserve.server.edge import EmbeddingService
-from hopserve.server.metrics import Metrics, start_metrics_server
+from hopserve.server.metrics import Metrics
+from hopserve.server.metrics_http import start_metrics_server
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["SERVICE_NAME", "Service", "build_server"]
 
-logger = logging.getLogger(__name__)
+logger = rate_limited(__name__)
 
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name
 """``"hopserve.v1.EmbeddingService"``: the health service name of the front-end."""
@@ -89,6 +98,7 @@ class Service:
         cache: EmbeddingCache,
         workers: _Workers,
         health_servicer: health.aio.HealthServicer,
+        gate: Gate,
     ) -> None:
         self.config = config
         self.port = port
@@ -100,6 +110,8 @@ class Service:
         self._server = server
         self._workers = workers
         self._health = health_servicer
+        self._gate = gate
+        self._serving = False  # health of "": every model ready, none stalled, not stopping
         self._metrics_http: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._settled = asyncio.Event()
@@ -120,8 +132,9 @@ class Service:
             addr = server_cfg.host.strip("[]") or "0.0.0.0"
             try:
                 self._metrics_http, self.metrics_port = start_metrics_server(
-                    server_cfg.metrics_port, self.metrics.registry, addr=addr
-                )
+                    server_cfg.metrics_port, self.metrics.registry, addr=addr,
+                    healthy=lambda: self._serving,
+                )  # fmt: skip
             except OSError as err:
                 raise ConfigError(
                     f"server.metrics_port: cannot listen on {addr}:{server_cfg.metrics_port} "
@@ -142,6 +155,15 @@ class Service:
             "gRPC on %s:%d, metrics on %s", server_cfg.host, self.port,
             f"{server_cfg.host}:{self.metrics_port}/metrics" if self.metrics_port else "(off)",
         )  # fmt: skip
+        logger.info("security: %s", posture(self.config.security, server_cfg.host))
+        for warning in exposure_warnings(self.config.security, server_cfg.host):
+            logger.warning("%s", warning)
+
+    def reload_credentials(self) -> None:
+        """Re-read the token file now (SIGHUP). Certificates need no call: they are
+        re-read on change before each new TLS handshake."""
+        if self._gate.tokens is not None:
+            self._gate.tokens.reload()
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until no model is loading any more; True if every model is ready."""
@@ -165,6 +187,7 @@ class Service:
         if self._stopped:
             return
         self._stopped = True
+        self._serving = False
         grace = self.config.server.grace_period_s if grace is None else grace
         logger.info("shutting down (grace %.1fs)", grace)
         loop = asyncio.get_running_loop()
@@ -210,6 +233,7 @@ class Service:
         self.metrics.model_stalled.labels(model.name).set(1 if stalled else 0)
         models = list(self.models)
         every = all(m.ready and m.name not in self._stalled for m in models)
+        self._serving = every and not self._stopped
         await self._health.set("", _SERVING if every else _NOT_SERVING)
         if all(m.state != "loading" for m in models):
             self._settled.set()
@@ -270,6 +294,9 @@ class Service:
                     except (WorkerUnavailableError, OSError) as err:
                         logger.debug("status of worker %s: %s", client.name, err)
                         continue
+                    except JobError as err:  # e.g. refused: the link's credentials differ
+                        logger.error("status of worker %s refused: %s", client.name, err)
+                        continue
                     except Exception:
                         logger.warning("status of worker %s failed", client.name, exc_info=True)
                         continue
@@ -302,10 +329,13 @@ async def build_server(config: HopserveConfig) -> Service:
     reflection.
 
     Raises:
-        ConfigError: a graph store cannot be opened, or the gRPC port cannot be bound.
+        ConfigError: a graph store cannot be opened, the gRPC port cannot be bound, or a
+            certificate, key or token file cannot be used.
     """
 
     metrics = Metrics()
+    gate = public_gate(config.security, on_reject=lambda r: metrics.refused.labels(r).inc())
+    credentials = public_credentials(config.security)
     served: list[ServedModel] = []
     for index, model_cfg in enumerate(config.models):
         try:
@@ -328,7 +358,7 @@ async def build_server(config: HopserveConfig) -> Service:
         ]
     )
     add_service(server, edge, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
-                on_undecodable=edge.reject_undecodable)  # fmt: skip
+                on_undecodable=edge.reject_undecodable, gate=gate)  # fmt: skip
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -338,7 +368,10 @@ async def build_server(config: HopserveConfig) -> Service:
     )  # fmt: skip
     address = f"{_bracket(config.server.host)}:{config.server.port}"
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError as err:
         port = 0
         logger.debug("bind %s: %s", address, err)
@@ -355,6 +388,7 @@ async def build_server(config: HopserveConfig) -> Service:
         cache=cache,
         workers=workers,
         health_servicer=health_servicer,
+        gate=gate,
     )
 
 
@@ -363,7 +397,16 @@ async def _make_workers(config: HopserveConfig, metrics: Metrics) -> _Workers:
         metrics.worker_up.labels(name).set(1 if up else 0)
 
     if config.server.workers:
-        clients = [RemoteWorkerClient(address) for address in config.server.workers]
+        link = link_channel(config.security.link)
+        clients = [
+            RemoteWorkerClient(
+                address,
+                credentials=link.credentials,
+                metadata=link.metadata,
+                channel_options=link.options,
+            )  # fmt: skip
+            for address in config.server.workers
+        ]
         dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=0.25)
         return _Workers([dispatcher], {m.name: dispatcher for m in config.models})
     from hopserve.worker.runtime import make_worker

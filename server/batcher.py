@@ -234,9 +234,12 @@ class Batcher:
             done, pending = await asyncio.wait(
                 futures, timeout=max(0.0, deadline - now), return_when=asyncio.FIRST_EXCEPTION
             )
-            for future in futures:  # the first batch error, if any
-                if future in done and future.exception() is not None:
-                    raise future.exception()  # type: ignore[misc]
+            # Retrieve every failed part's error (asyncio logs one never retrieved), raise
+            # the first: parts of a split request can fail in the same step.
+            errors = [f.exception() for f in futures if f in done and not f.cancelled()]
+            first = next((e for e in errors if e is not None), None)
+            if first is not None:
+                raise first
             if pending:
                 raise DeadlineExceededError(
                     f"model {self.model!r}: deadline exceeded after "

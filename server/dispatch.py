@@ -118,6 +118,9 @@ class RemoteWorkerClient:
         name: client name (default: ``address``).
         channel_options: extra gRPC channel options. By default the channel reconnects
             at most 0.5 s after a worker comes back (gRPC's default backoff grows to 120 s).
+        credentials: TLS credentials of the link (mutual TLS); None for plaintext.
+        metadata: called before every call for the metadata to send (the link token's
+            ``authorization`` header, re-read when its file changes).
 
     The channel is created on first use, in the running event loop.
     """
@@ -130,8 +133,12 @@ class RemoteWorkerClient:
         status_timeout_s: float = 2.0,
         name: str | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: Callable[[], Sequence[tuple[str, str]]] = tuple,
     ) -> None:
         self.address = address
+        self._credentials = credentials
+        self._metadata = metadata
         self.name = name or address
         self.timeout_s = timeout_s
         self.status_timeout_s = status_timeout_s
@@ -154,7 +161,12 @@ class RemoteWorkerClient:
 
     def _get_stub(self) -> worker_pb2_grpc.WorkerServiceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(
+                    self.address, self._credentials, options=self._options
+                )
             self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         return self._stub
 
@@ -176,7 +188,9 @@ class RemoteWorkerClient:
             raise InvalidJobError(str(err)) from None
         self._inflight += 1
         try:
-            reply = await self._get_stub().RunJob(request, timeout=timeout)
+            reply = await self._get_stub().RunJob(
+                request, timeout=timeout, metadata=self._metadata()
+            )
         except grpc.aio.AioRpcError as err:
             raise self._error(err, f"job {job.job_id}") from None
         except (grpc.aio.UsageError, OSError) as err:  # closed channel, socket errors
@@ -203,7 +217,7 @@ class RemoteWorkerClient:
         """
         try:
             reply = await self._get_stub().WorkerStatus(
-                empty_pb2.Empty(), timeout=self.status_timeout_s
+                empty_pb2.Empty(), timeout=self.status_timeout_s, metadata=self._metadata()
             )
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

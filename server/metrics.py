@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,7 +27,6 @@ from prometheus_client import (
     Histogram,
     Info,
     generate_latest,
-    start_http_server,
 )
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -43,7 +41,6 @@ __all__ = [
     "MetricSpec",
     "Metrics",
     "render_markdown",
-    "start_metrics_server",
 ]
 
 STAGES = contract.STAGES
@@ -99,6 +96,11 @@ METRICS: tuple[MetricSpec, ...] = (
         ("method", "model", "outcome"),
         "RPCs answered, by outcome ('ok' or the lower-case gRPC status code name); "
         "the error ratio is the rate of outcome!='ok' over the total.",
+    ),
+    MetricSpec(
+        "refused", "hopserve_refused_requests_total", "counter", ("reason",),
+        "RPCs refused before reaching the service (not in hopserve_requests_total): "
+        "reason is unauthenticated, permission_denied or rate_limited.",
     ),
     MetricSpec(
         "inflight_requests", "hopserve_inflight_requests", "gauge", ("model",),
@@ -335,23 +337,6 @@ def _build(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | H
         assert spec.buckets is not None, spec.name
         return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets)
     return Info(spec.name.removesuffix("_info"), spec.help, registry=registry)
-
-
-def start_metrics_server(
-    port: int, registry: CollectorRegistry, addr: str = "0.0.0.0"
-) -> tuple[WSGIServer, int]:
-    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread.
-
-    Args:
-        port: TCP port; 0 picks a free one.
-        registry: The registry to expose (``Metrics.registry``).
-        addr: Bind address.
-
-    Returns:
-        ``(server, bound_port)``; stop with ``server.shutdown(); server.server_close()``.
-    """
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    return server, int(server.server_port)
 
 
 def render_markdown() -> str:

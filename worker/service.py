@@ -41,6 +41,7 @@ from hopserve.proto.codec import (
 from hopserve.proto.contract import JobError, WorkerBusyError
 from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
 from hopserve.rpc import add_service, bound_message, clip
+from hopserve.security.gate import Gate
 from hopserve.worker.runtime.base import Worker
 
 __all__ = ["SERVICE_NAME", "WorkerServer", "WorkerServicer", "serve_worker"]
@@ -147,12 +148,18 @@ class WorkerServer:
 
 def serve_worker(
     worker: Worker,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int = 50052,
     *,
     max_pending_jobs: int = 16,
+    credentials: grpc.ServerCredentials | None = None,
+    gate: Gate | None = None,
 ) -> tuple[WorkerServer, int]:
     """Start a gRPC server for ``worker`` on ``host:port`` (``port=0`` picks a free one).
+
+    ``credentials`` (mutual TLS) and ``gate`` (the link token) come from
+    :func:`hopserve.security.factory.worker_credentials` / ``worker_gate``; without them
+    the port is plaintext and open, which suits loopback only.
 
     Returns:
         ``(server, bound_port)``; the server is started.
@@ -169,7 +176,9 @@ def serve_worker(
         ],
     )
     servicer = WorkerServicer(worker, max_pending_jobs=max_pending_jobs)
-    add_service(server, servicer, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"])
+    add_service(
+        server, servicer, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"], gate=gate
+    )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -180,7 +189,10 @@ def serve_worker(
     bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
     address = f"{bracketed}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as err:
         raise RuntimeError(f"worker: cannot listen on {address}: {err}") from None
     if bound == 0:

@@ -10,6 +10,15 @@ from typing import Annotated
 import typer
 
 from hopserve.cli import app
+from hopserve.cli.connect import (
+    ClientCert,
+    ClientKey,
+    RootCerts,
+    Tls,
+    Token,
+    TokenFile,
+    client_options,
+)
 
 
 @app.command()
@@ -36,10 +45,17 @@ def loadtest(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    tls: Tls = False,
+    root_certs: RootCerts = None,
+    client_cert: ClientCert = None,
+    client_key: ClientKey = None,
+    token: Token = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Report QPS and p50/p95/p99 latency at a given concurrency."""
     from hopserve.client.loadtest import LoadSpec, read_node_ids, run_load
 
+    connection = client_options(tls, root_certs, client_cert, client_key, token, token_file)
     node_ids = None
     if nodes_file is not None:
         try:
@@ -60,7 +76,7 @@ def loadtest(
         seed=seed,
         node_ids=node_ids,
     )
-    report = asyncio.run(run_load(target, spec))
+    report = asyncio.run(run_load(target, spec, **connection))
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return

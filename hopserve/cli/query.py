@@ -4,6 +4,7 @@ Uses the client SDK only (grpcio, protobuf, numpy), so it works without torch::
 
     hopserve query --target localhost:50051 --model sage --nodes 1,2,3
     hopserve query -t localhost:50051 -m sage --nodes-file ids.npy --fanouts 10,10 -f table
+    HOPSERVE_TOKEN=... hopserve query -t hopserve:50051 --root-certs ca.crt -m sage -n 1,2
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ import numpy as np
 import typer
 
 from hopserve.cli import app
+from hopserve.cli.connect import (
+    ClientCert,
+    ClientKey,
+    RootCerts,
+    Tls,
+    Token,
+    TokenFile,
+    client_options,
+)
 from hopserve.client import EmbeddingClient, EmbeddingResult, HopserveError
 
 
@@ -151,6 +161,12 @@ def query(
     ] = OutputFormat.json,
     max_cols: Annotated[int, typer.Option("--max-cols", help="Table: columns (0 = all).")] = 8,
     precision: Annotated[int, typer.Option("--precision", help="Table: significant digits.")] = 6,
+    tls: Tls = False,
+    root_certs: RootCerts = None,
+    client_cert: ClientCert = None,
+    client_key: ClientKey = None,
+    token: Token = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Fetch embeddings of the given node IDs from a hopserve server and print them.
 
@@ -158,9 +174,10 @@ def query(
     bad command line.
     """
     ids = load_node_ids(nodes, nodes_file)
+    connection = client_options(tls, root_certs, client_cert, client_key, token, token_file)
     fanout_list = parse_int_list(fanouts, "--fanouts") if fanouts is not None else None
     try:
-        with EmbeddingClient(target, timeout=timeout) as client:
+        with EmbeddingClient(target, timeout=timeout, **connection) as client:
             result = client.get_embeddings_with_info(
                 model,
                 ids,

@@ -10,7 +10,8 @@ Serves ``hopserve.v1.EmbeddingService``, gRPC health and reflection on ``server.
 and Prometheus metrics on ``server.metrics_port``, with an embedded in-process worker
 (``server.workers`` empty) or remote workers. Says "serving" once every model is ready;
 runs until SIGINT or SIGTERM, then shuts down gracefully (``server.grace_period_s`` for
-in-flight requests). A bad configuration exits with code 2 and one ``error: ...`` line;
+in-flight requests); SIGHUP re-reads the token file (certificates are re-read when their
+files change). ``--check`` also prints the security posture of each port. A bad configuration exits with code 2 and one ``error: ...`` line;
 so do models that cannot be loaded, one line each (``-v`` for the full reasons).
 """
 
@@ -60,7 +61,20 @@ def serve_cmd(
 
 
 def _check(cfg) -> int:  # noqa: ANN001 - HopserveConfig
-    """Load every model as a worker would; one line per model; the exit code."""
+    """Security posture and files, then every model loaded as a worker would; one line
+    each; the exit code."""
+    from hopserve.config import ConfigError
+    from hopserve.security.factory import check_files, exposure_warnings, posture
+
+    host = cfg.server.host
+    typer.echo(f"security: {posture(cfg.security, host)}", err=True)
+    for warning in exposure_warnings(cfg.security, host):
+        typer.echo(f"warning: {warning}", err=True)
+    try:
+        check_files(cfg.security)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        return 2
     if importlib.util.find_spec("torch") is None:
         typer.echo(
             "config ok; models not checked: torch is not installed here (a front-end-only "
@@ -109,6 +123,7 @@ async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, sig, stop)
+    loop.add_signal_handler(signal.SIGHUP, service.reload_credentials)
     code = 0
     ready = asyncio.ensure_future(service.wait_ready())
     halted = asyncio.ensure_future(stop.wait())

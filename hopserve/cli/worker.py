@@ -2,8 +2,12 @@
 
 ::
 
-    hopserve worker --config hopserve.yaml --device cuda:0 --port 50052
-    hopserve worker --config hopserve.yaml --device cpu --host 127.0.0.1 --port 0
+    hopserve worker --config hopserve.yaml --device cuda:0 --host 0.0.0.0 --port 50052
+    hopserve worker --config hopserve.yaml --device cpu --port 0
+
+Binds loopback unless ``--host`` says otherwise. With ``security.link`` configured the
+port is mutual TLS and takes jobs only from a front-end with the link token; SIGHUP
+re-reads the token (certificates are re-read when their files change).
 
 Loads every model of the config (weights, graph store, layer-wise split) onto the device,
 then serves ``hopserve.v1.WorkerService`` (plus gRPC health and reflection) until SIGINT
@@ -36,7 +40,14 @@ def worker_cmd(
     port: Annotated[
         int, typer.Option("--port", "-p", min=0, max=65535, help="gRPC port (0 = any free).")
     ] = 50052,
-    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "0.0.0.0",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to bind (loopback by default; binding others without "
+            "security.link warns).",
+        ),
+    ] = "127.0.0.1",
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU: torch intra-op threads.")
     ] = None,
@@ -46,10 +57,22 @@ def worker_cmd(
     ] = 16,
 ) -> None:
     """Serve the configured models on one device (the front-end's remote worker)."""
+    from hopserve.config import ConfigError
+    from hopserve.security.factory import (
+        exposure_warnings,
+        posture,
+        worker_credentials,
+        worker_gate,
+    )
     from hopserve.worker.runtime import make_worker
     from hopserve.worker.service import serve_worker
 
     cfg = load_cli_config(config)
+    link = cfg.security.link
+    try:
+        credentials, gate = worker_credentials(link), worker_gate(link)
+    except ConfigError as err:
+        fail(str(err))
     kwargs = {"num_threads": threads} if device == "cpu" else {}
     try:
         worker = make_worker(device, **kwargs)
@@ -66,7 +89,10 @@ def worker_cmd(
         worker.close()
         raise typer.Exit(code=2)
     try:
-        server, bound = serve_worker(worker, host, port, max_pending_jobs=max_pending_jobs)
+        server, bound = serve_worker(
+            worker, host, port, max_pending_jobs=max_pending_jobs,
+            credentials=credentials, gate=gate,
+        )  # fmt: skip
     except RuntimeError as err:
         fail(str(err), code=1)
 
@@ -76,8 +102,16 @@ def worker_cmd(
         log.info("received %s; shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def _on_hangup(_signum: int, _frame: object) -> None:
+        if gate.tokens is not None:
+            gate.tokens.reload()  # certificates follow their files without a signal
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
+    signal.signal(signal.SIGHUP, _on_hangup)
+    log.info("security: %s", posture(cfg.security, host, worker=True))
+    for warning in exposure_warnings(cfg.security, host, worker=True):
+        log.warning("%s", warning)
     names = ", ".join(f"{m.name}:{m.version}" for m in cfg.models)
     log.info("worker %s serving [%s] on %s:%d (%s)", worker.worker_id, names, host, bound, device)
     typer.echo(f"hopserve worker listening on {host}:{bound} ({device})", err=True)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 from hopserve.config.errors import ConfigError
+from hopserve.config.security import SecurityConfig
 from hopserve.config.types import Address, Device, Entrypoint, Identifier, SecretUrl
 from hopserve.worker.engine.settings import EngineSettings
 
@@ -146,8 +147,9 @@ class ModelConfig(_Section):
 class ServerConfig(_Section):
     """The gRPC front-end: listening addresses, batching, queueing and deadlines."""
 
-    host: str = "0.0.0.0"
-    """Address the gRPC server binds to (``"0.0.0.0"`` or ``"[::]"`` for all interfaces)."""
+    host: str = "127.0.0.1"
+    """Address the gRPC and metrics servers bind to: loopback by default; ``"0.0.0.0"``
+    or ``"[::]"`` for all interfaces (then configure ``security``, or it warns)."""
 
     port: Annotated[int, Field(ge=1, le=65535)] = 50051
     """gRPC port."""
@@ -313,6 +315,9 @@ class HopserveConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging settings."""
 
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    """TLS, tokens and rate limits; the front-end ↔ worker credentials."""
+
     @field_validator("models")
     @classmethod
     def _unique_names(cls, value: list[ModelConfig]) -> list[ModelConfig]:
@@ -335,7 +340,7 @@ class HopserveConfig(_Section):
 
     def anchored(self, base: Path) -> HopserveConfig:
         """This config with every relative path (weights, graphs, python paths, the cache
-        key file, the spill directory) resolved against ``base``, the config file's folder,
+        key file, the spill directory, certificates and token files) resolved against ``base``, the config file's folder,
         as docker compose and kustomize resolve theirs."""
         cache, engine = self.cache, self.engine
         return self.model_copy(
@@ -355,6 +360,7 @@ class HopserveConfig(_Section):
                         else _anchor(base, engine.spill_dir)
                     }
                 ),
+                "security": self.security.anchored(base),
             }
         )
 

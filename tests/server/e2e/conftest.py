@@ -143,12 +143,15 @@ def make_config(
 class ServerThread:
     """A hopserve :class:`Service` running on its own event loop in a daemon thread."""
 
-    def __init__(self, config: HopserveConfig, expect_ready: bool = True) -> None:
+    def __init__(self, config: HopserveConfig, expect_ready: bool | None = True) -> None:
+        """``expect_ready``: what ``wait_ready`` must answer; None: do not wait."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.service: Service = self.call(lambda: build_server(config))
         self.call(self.service.start)
+        if expect_ready is None:
+            return
         ready = self.call(lambda: self.service.wait_ready(60))
         assert ready == expect_ready, [(m.name, m.state, m.error) for m in self.service.models]
 
@@ -195,7 +198,7 @@ def start_server() -> Iterator[Callable[..., ServerThread]]:
     """Like ``launch``, and every server started is stopped at teardown."""
     servers: list[ServerThread] = []
 
-    def start(config: HopserveConfig, expect_ready: bool = True) -> ServerThread:
+    def start(config: HopserveConfig, expect_ready: bool | None = True) -> ServerThread:
         servers.append(ServerThread(config, expect_ready))
         return servers[-1]
 

@@ -11,7 +11,9 @@ from the engine run directly (``evaluator``).
   byte-mutated, oversized, hostile names, short deadlines, client cancellations, unary and
   streaming) sent concurrently so cancellations race with batching; every answer is a
   documented code, every OK answer equals the engine, and afterwards the server is healthy
-  and not wedged.
+  and not wedged. It runs twice: against a plaintext port without tokens, and against a
+  TLS port with tokens, where calls also carry no, a wrong, or an under-scoped token
+  (UNAUTHENTICATED / PERMISSION_DENIED whatever the request bytes).
 
 The module is one harness (request strategies, sender, oracle) around one live server;
 it stays in one file (about 500 lines) so the strategies and the checks they feed read
@@ -37,8 +39,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from support import assert_exact
 from support.logs import Records, capture_records
+from support.pki import ADMIN_TOKEN, READ_TOKEN, write_pki, write_tokens
 
 from hopserve import LayerwiseEvaluator
+from hopserve.config.security import SecurityConfig
 from hopserve.proto.tensors import decode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 
@@ -80,19 +84,37 @@ def records() -> Iterator[_Records]:
         yield handler
 
 
+def _fuzz_config(make_config: Callable[..., Any]) -> Any:
+    """Small limits (so that "too many" and "queue full" are cheap)."""
+    return make_config(
+        max_batch_targets=64, max_request_nodes=MAX_REQUEST_NODES, max_queue=64, max_wait_ms=5
+    )
+
+
 @pytest.fixture(scope="module")
 def fuzz_server(make_config: Callable[..., Any], launch: Callable[..., Any]) -> Iterator[Any]:
-    """A front-end with small limits (so that "too many" and "queue full" are cheap) and
-    streams chunked into 7-row pieces."""
-    server = launch(
-        make_config(
-            max_batch_targets=64,
-            max_request_nodes=MAX_REQUEST_NODES,
-            max_queue=64,
-            max_wait_ms=5,
-        )
-    )
+    """A plaintext front-end without tokens; streams chunked into 7-row pieces."""
+    server = launch(_fuzz_config(make_config))
     server.service.edge.max_chunk_bytes = 7 * 5 * 4
+    server.credentials = None
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def secure_fuzz_server(
+    make_config: Callable[..., Any], launch: Callable[..., Any], tmp_path_factory: Any
+) -> Iterator[Any]:
+    """The same behind TLS and tokens (``reader`` may query, ``ops`` may not)."""
+    folder = tmp_path_factory.mktemp("fuzz-secrets")
+    pki = write_pki(folder)
+    security = SecurityConfig.model_validate(
+        {"tls": {"cert_file": pki.server_cert, "key_file": pki.server_key},
+         "tokens_file": write_tokens(folder / "tokens.yaml")}
+    )  # fmt: skip
+    server = launch(_fuzz_config(make_config).model_copy(update={"security": security}))
+    server.service.edge.max_chunk_bytes = 7 * 5 * 4
+    server.credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes())
     yield server
     server.stop()
 
@@ -200,6 +222,9 @@ OVERSIZED = (
     pb.GetEmbeddingsRequest(model=MODEL, node_ids=[-1] * 500_000).SerializeToString(),  # 5 MB
 )
 RECEIVE_LIMIT = 4 << 20  # the server's grpc.max_receive_message_length here
+TOKENS = {"valid": READ_TOKEN, "none": None, "wrong": READ_TOKEN[::-1], "scope": ADMIN_TOKEN}
+REFUSED = {"none": grpc.StatusCode.UNAUTHENTICATED, "wrong": grpc.StatusCode.UNAUTHENTICATED,
+           "scope": grpc.StatusCode.PERMISSION_DENIED}  # fmt: skip
 
 
 class Call:
@@ -213,6 +238,12 @@ class Call:
         self.timeout = timeout
         self.cancel_after: float | None = None  # seconds after the start
         self.cancel_chunks: int | None = None  # streams: cancel after this many chunks
+        self.auth = "valid"  # which token it carries (see TOKENS); ignored without tokens
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        token = TOKENS[self.auth]
+        return () if token is None else (("authorization", f"Bearer {token}"),)
 
     @property
     def cancels(self) -> bool:
@@ -223,7 +254,7 @@ class Call:
         return (
             f"Call({self.kind!r}, {self.method!r}, {len(self.data)} bytes {data!r}, "
             f"timeout={self.timeout}, cancel_after={self.cancel_after}, "
-            f"cancel_chunks={self.cancel_chunks})"
+            f"cancel_chunks={self.cancel_chunks}, auth={self.auth!r})"
         )
 
 
@@ -340,6 +371,7 @@ def calls(draw: st.DrawFn, all_ids: np.ndarray) -> Call:
             call.cancel_chunks = draw(st.integers(0, 3)) if method == "StreamEmbeddings" else None
             if call.cancel_chunks is None and call.cancel_after is None:
                 call.cancel_after = 0.0
+    call.auth = draw(st.sampled_from(["valid"] * 9 + ["none", "wrong", "scope"]))
     return call
 
 
@@ -349,10 +381,10 @@ async def _send(channel: grpc.aio.Channel, call: Call) -> Outcome:
     path = SERVICE + call.method
     if call.method == "StreamEmbeddings":
         stream = channel.unary_stream(path, request_serializer=None, response_deserializer=None)
-        rpc = stream(call.data, timeout=call.timeout)
+        rpc = stream(call.data, timeout=call.timeout, metadata=call.metadata)
     else:
         unary = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
-        rpc = unary(call.data, timeout=call.timeout)
+        rpc = unary(call.data, timeout=call.timeout, metadata=call.metadata)
     if call.cancel_after is not None:
         loop.call_later(call.cancel_after, rpc.cancel)
     outcome = Outcome(grpc.StatusCode.OK)
@@ -397,15 +429,24 @@ class Expected:
         return self.tables[key][[self.row[int(v)] for v in request.node_ids]]
 
 
-def _check(call: Call, out: Outcome, expected: Expected) -> None:
-    """The contract of one answer; raises AssertionError naming the call."""
-    what = f"{call.kind} {call.method} ({len(call.data)} bytes): {out.code} {out.details[:200]!r}"
+def _check(call: Call, out: Outcome, expected: Expected, tokens: bool = False) -> None:
+    """The contract of one answer (``tokens``: the server requires them); raises
+    AssertionError naming the call."""
+    what = (f"{call.kind} {call.method} ({len(call.data)} bytes, auth {call.auth}): "
+            f"{out.code} {out.details[:200]!r}")  # fmt: skip
     assert out.code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), what
     assert len(out.details.encode()) <= MAX_DETAILS, what
+    assert not any(t and t[4:20] in out.details for t in TOKENS.values()), what
+    refused = REFUSED.get(call.auth) if tokens else None
     if out.code is grpc.StatusCode.CANCELLED:
         assert call.cancels, what  # only the client cancels
-    else:
+    elif refused is None or len(call.data) > RECEIVE_LIMIT:
         assert out.code in DOCUMENTED, what
+    else:  # refused before anything else, whatever the bytes
+        assert out.code in (refused, grpc.StatusCode.DEADLINE_EXCEEDED), what
+        assert call.timeout < LONG_TIMEOUT_S or out.code is refused, what
+        assert not out.chunks and out.reply is None, what
+        return
     if out.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         assert call.timeout < LONG_TIMEOUT_S, f"server wedged? {what}"
     if len(call.data) > RECEIVE_LIMIT:  # refused by grpc before anything is decoded
@@ -455,13 +496,16 @@ def _check(call: Call, out: Outcome, expected: Expected) -> None:
         assert [m.name for m in pb.ListModelsResponse.FromString(out.reply).models] == [MODEL]
 
 
-def test_fuzz_front_end(fuzz_server, evaluator, all_ids, records) -> None:
+@pytest.mark.parametrize("port", ["plaintext", "tls+tokens"])
+def test_fuzz_front_end(port, request, evaluator, all_ids, records) -> None:
     """≥ 2,000 hostile and valid calls, 40 at a time: documented codes only, OK answers
     equal the engine, bounded messages, no error in the log; afterwards the server is
     healthy and answers a burst of normal requests promptly (no wedged batcher)."""
+    secure = port == "tls+tokens"
+    server = request.getfixturevalue("secure_fuzz_server" if secure else "fuzz_server")
     expected = Expected(evaluator, all_ids)
     loop = asyncio.new_event_loop()
-    channel = loop.run_until_complete(_open(fuzz_server.target))
+    channel = loop.run_until_complete(_open(server.target, server.credentials))
     seen: dict[str, int] = {}
     started = time.perf_counter()
 
@@ -474,13 +518,16 @@ def test_fuzz_front_end(fuzz_server, evaluator, all_ids, records) -> None:
         outcomes = loop.run_until_complete(_send_all(channel, batch))
         for call, out in zip(batch, outcomes, strict=True):
             seen[out.code.name] = seen.get(out.code.name, 0) + 1
-            _check(call, out, expected)
+            _check(call, out, expected, tokens=secure)
 
     try:
         fuzz()
         fuzz_seconds = time.perf_counter() - started
         assert sum(seen.values()) >= 2000, seen
-        for code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "CANCELLED", "DEADLINE_EXCEEDED"):
+        reached = ["OK", "INVALID_ARGUMENT", "NOT_FOUND", "CANCELLED", "DEADLINE_EXCEEDED"]
+        if secure:
+            reached += ["UNAUTHENTICATED", "PERMISSION_DENIED"]
+        for code in reached:
             assert seen.get(code, 0) > 0, seen  # the run reached every kind of answer
         # healthy and not wedged: a burst of normal requests is answered promptly
         for service in ("", "hopserve.v1.EmbeddingService", MODEL):
@@ -499,13 +546,13 @@ def test_fuzz_front_end(fuzz_server, evaluator, all_ids, records) -> None:
             (a.code, a.details) for a in answers if a.code is not grpc.StatusCode.OK
         ]
         for call, out in zip(burst, answers, strict=True):
-            _check(call, out, expected)
+            _check(call, out, expected, tokens=secure)
         assert time.perf_counter() - t0 < BURST_S
     finally:
         loop.run_until_complete(channel.close())
         loop.close()
     assert not records.floods(), records.floods()[:10]
-    print(f"fuzz: {sum(seen.values())} calls in {fuzz_seconds:.1f}s: {seen}")
+    print(f"fuzz ({port}): {sum(seen.values())} calls in {fuzz_seconds:.1f}s: {seen}")
 
 
 async def _send_all(channel: grpc.aio.Channel, batch: list[Call]) -> list[Outcome]:
@@ -520,7 +567,10 @@ async def _health(channel: grpc.aio.Channel, service: str) -> int:
     return int(reply.status)
 
 
-async def _open(target: str) -> grpc.aio.Channel:
-    channel = grpc.aio.insecure_channel(target)
+async def _open(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    if credentials is None:
+        channel = grpc.aio.insecure_channel(target)
+    else:
+        channel = grpc.aio.secure_channel(target, credentials)
     await asyncio.wait_for(channel.channel_ready(), 10)
     return channel
