@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.processes import run_hopserve as hopserve
 from support.servable import Servable, write_servable
 
 from hopserve.testing import free_port
@@ -39,18 +37,6 @@ def write_config(folder: Path, servable: Servable, *bad: dict) -> Path:
     path = folder / "hopserve.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def hopserve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "hopserve", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
 
 
 BROKEN = (

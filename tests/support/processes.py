@@ -42,3 +42,15 @@ def start_serve(
     write_config(config, path)
     argv = [sys.executable, *python, "serve", "--config", str(path)]
     return subprocess.Popen(argv, env=child_env(), **popen)
+
+
+def run_hopserve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``hopserve ARGS...`` run to completion (text output captured, exit code kept)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hopserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        check=False,
+    )

@@ -4,6 +4,7 @@ token in any log line, metric or error message."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import urllib.request
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support.e2e import expected
 from support.logs import Records, capture_records
 from support.pki import ADMIN_TOKEN, READ_TOKEN, Pki, write_pki, write_tokens
+from support.processes import run_hopserve
 
 from hopserve.client import (
     EmbeddingClient,
@@ -159,6 +161,28 @@ def test_certificate_rotation_without_restart(secured: Secured, tmp_path: Path, 
         _swap(restored.ca, old.ca)
     with secured.client(token=READ_TOKEN) as client:
         assert client.get_embeddings(MODEL, all_ids[:2]).shape == (2, 5)
+
+
+def test_query_cli_with_root_certs_and_token_file(
+    secured: Secured, tmp_path: Path, all_ids
+) -> None:  # noqa: ANN001
+    token_file = tmp_path / "reader.token"
+    token_file.write_text(READ_TOKEN + "\n")
+    ids = ",".join(str(i) for i in all_ids[:3])
+    base = ("query", "-t", secured.target, "-m", MODEL, "-n", ids, "--timeout", "10")
+    ok = run_hopserve(*base, "--root-certs", str(secured.pki.ca), "--token-file", str(token_file))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["num_nodes"] == 3
+    denied = run_hopserve(*base, "--root-certs", str(secured.pki.ca))
+    assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr
+    secured.errors.append(denied.stderr)
+
+
+def test_a_non_loopback_bind_without_security_warns(make_config, start_server) -> None:  # noqa: ANN001
+    with capture_records() as records:
+        start_server(make_config(cache={"backend": "none"}, host="0.0.0.0"))
+    warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+    assert any("binds 0.0.0.0 (not loopback) without TLS or tokens" in w for w in warnings)
 
 
 def test_tokens_never_leak(secured: Secured) -> None:

@@ -76,7 +76,7 @@ def test_front_end_modules_import_without_torch() -> None:
         "import sys\n"
         "import hopserve.server.app, hopserve.server.edge, hopserve.server.pipeline\n"
         "import hopserve.worker.graph.planner, hopserve.worker.graph.topology\n"
-        "import hopserve.cli.serve\n"
+        "import hopserve.cli.serve, hopserve.cli.security, hopserve.security.factory\n"
         "bad = [m for m in ('torch', 'torch_geometric', 'dgl') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
