@@ -47,6 +47,10 @@ STAGES = contract.STAGES
 """Allowed values of the ``stage`` label of ``hopserve_stage_duration_seconds`` (the
 contract's stage names, one list for the metrics, the wire and the client)."""
 
+REFUSAL_REASONS: tuple[str, ...] = ("unauthenticated", "permission_denied", "rate_limited")
+"""Allowed values of the ``reason`` label of ``hopserve_refused_requests_total`` (the
+:class:`hopserve.security.gate.Denial` reasons)."""
+
 MEMORY_KINDS: tuple[str, ...] = ("used", "total", "peak")
 """Allowed values of the ``kind`` label of ``hopserve_worker_device_memory_bytes``."""
 
@@ -268,6 +272,7 @@ class Metrics:
     worker_jobs: Counter
     model_ready: Gauge
     model_stalled: Gauge
+    refused: Counter
     build_info: Info
 
     def __init__(
@@ -280,6 +285,8 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         for spec in METRICS:
             setattr(self, spec.attr, _build(spec, self.registry))
+        for reason in REFUSAL_REASONS:  # exported as 0 before the first refusal
+            self.refused.labels(reason)
         if process_collectors:
             ProcessCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)

@@ -152,6 +152,13 @@ def overview() -> Dashboard:
                   "All non-OK outcomes, and server-side ones only (without invalid_argument, "
                   "not_found and cancelled: what HopserveHighErrorRatio alerts on).",
                   unit="percentunit", width=12, thresholds=((0.05, "red"),)),
+            Panel("Refused requests/s by reason",
+                  (Query(f"sum by (reason) ({rate('hopserve_refused_requests_total')})",
+                         "{{reason}}"),),
+                  "RPCs the security gate refused before the service saw them (not in the "
+                  "request counts above): unauthenticated (no or unknown token), "
+                  "permission_denied (token without the scope), rate_limited (client over "
+                  "security.rate_limit).", unit="reqps", width=24, stack=True),
         ),
     )  # fmt: skip
     latency_row = Row(
