@@ -4,6 +4,7 @@ token in any log line, metric or error message."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from support.pki import ADMIN_TOKEN, READ_TOKEN, Pki, write_pki, write_tokens
 from support.processes import run_hopserve
 
 from hopserve.client import (
+    AsyncEmbeddingClient,
     EmbeddingClient,
     PermissionDeniedError,
     ResourceExhaustedError,
@@ -79,6 +81,25 @@ def test_tls_and_token_give_exact_rows(secured: Secured, evaluator, all_ids) -> 
     want = expected(evaluator, ids)
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
     np.testing.assert_allclose(streamed, want, atol=ATOL, rtol=RTOL)
+
+
+def test_async_client_takes_the_same_options(secured: Secured, evaluator, all_ids) -> None:  # noqa: ANN001
+    ids = all_ids[[9, 8, 9]]
+
+    async def go() -> tuple[np.ndarray, np.ndarray]:
+        options = {"root_certificates": secured.pki.ca, "timeout": 20}
+        async with AsyncEmbeddingClient(secured.target, token=READ_TOKEN, **options) as client:
+            rows = await client.get_embeddings(MODEL, ids)
+            pieces = [r async for _, r in client.stream_embeddings(MODEL, ids)]
+        async with AsyncEmbeddingClient(secured.target, token=ADMIN_TOKEN, **options) as admin:
+            with pytest.raises(PermissionDeniedError) as info:
+                await admin.get_embeddings(MODEL, ids)
+            secured.errors.append(str(info.value))
+        return rows, np.concatenate(pieces)
+
+    rows, streamed = asyncio.run(go())
+    np.testing.assert_allclose(rows, expected(evaluator, ids), atol=ATOL, rtol=RTOL)
+    np.testing.assert_array_equal(rows, streamed)
 
 
 def test_plaintext_and_untrusted_clients_fail_cleanly(secured: Secured, tmp_path: Path) -> None:
