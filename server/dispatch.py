@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -108,6 +108,12 @@ class InProcessWorkerClient:
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
 
 
+class ChannelCredentialSource(Protocol):
+    """Channel credentials that may change (``hopserve.security.tls.ChannelCredentialFiles``)."""
+
+    def current(self) -> grpc.ChannelCredentials: ...
+
+
 class RemoteWorkerClient:
     """A worker's ``WorkerService`` over gRPC (``grpc.aio``).
 
@@ -118,7 +124,10 @@ class RemoteWorkerClient:
         name: client name (default: ``address``).
         channel_options: extra gRPC channel options. By default the channel reconnects
             at most 0.5 s after a worker comes back (gRPC's default backoff grows to 120 s).
-        credentials: TLS credentials of the link (mutual TLS); None for plaintext.
+        credentials: TLS credentials of the link (mutual TLS), or an object whose
+            ``current()`` gives them (re-read when their files change: a new channel is
+            opened with the new ones, the old one closes once its calls are done); None
+            for plaintext.
         metadata: called before every call for the metadata to send (the link token's
             ``authorization`` header, re-read when its file changes).
 
@@ -133,7 +142,7 @@ class RemoteWorkerClient:
         status_timeout_s: float = 2.0,
         name: str | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
-        credentials: grpc.ChannelCredentials | None = None,
+        credentials: grpc.ChannelCredentials | ChannelCredentialSource | None = None,
         metadata: Callable[[], Sequence[tuple[str, str]]] = tuple,
     ) -> None:
         self.address = address
@@ -151,6 +160,7 @@ class RemoteWorkerClient:
             *channel_options,
         ]
         self._channel: grpc.aio.Channel | None = None
+        self._channel_credentials: grpc.ChannelCredentials | None = None
         self._stub: worker_pb2_grpc.WorkerServiceStub | None = None
         self._inflight = 0
 
@@ -160,13 +170,20 @@ class RemoteWorkerClient:
         return self._inflight
 
     def _get_stub(self) -> worker_pb2_grpc.WorkerServiceStub:
+        credentials = self._credentials
+        if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
+            credentials = credentials.current()
+            if self._stub is not None and credentials is not self._channel_credentials:
+                old, self._stub = self._channel, None  # rotated: new calls, new channel
+                asyncio.ensure_future(old.close(grace=self.timeout_s))  # type: ignore[union-attr]
         if self._stub is None:
-            if self._credentials is None:
+            if credentials is None:
                 self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
             else:
                 self._channel = grpc.aio.secure_channel(
-                    self.address, self._credentials, options=self._options
+                    self.address, credentials, options=self._options
                 )
+            self._channel_credentials = credentials
             self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         return self._stub
 

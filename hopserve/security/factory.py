@@ -21,7 +21,12 @@ from hopserve.config.errors import ConfigError
 from hopserve.config.security import LinkConfig, SecurityConfig
 from hopserve.security.gate import Gate
 from hopserve.security.ratelimit import RateLimiter
-from hopserve.security.tls import TlsError, channel_credentials, read_pem, server_credentials
+from hopserve.security.tls import (
+    ChannelCredentialFiles,
+    TlsError,
+    read_pem,
+    server_credentials,
+)
 from hopserve.security.tokens import (
     READ,
     WORKER,
@@ -111,7 +116,7 @@ def worker_credentials(link: LinkConfig) -> grpc.ServerCredentials | None:
 class LinkChannel:
     """How the front-end opens a channel to a worker."""
 
-    credentials: grpc.ChannelCredentials | None
+    credentials: ChannelCredentialFiles | None
     token: TokenFile | None
     options: tuple[tuple[str, str], ...]
 
@@ -128,7 +133,7 @@ def link_channel(link: LinkConfig) -> LinkChannel:
     options: tuple[tuple[str, str], ...] = ()
     if link.tls:
         try:
-            credentials = channel_credentials(link.ca_file, link.cert_file, link.key_file)
+            credentials = ChannelCredentialFiles(link.ca_file, link.cert_file, link.key_file)  # type: ignore[arg-type]
         except TlsError as err:
             raise ConfigError(f"security.link: {err}") from None
         if link.server_name:

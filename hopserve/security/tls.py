@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import grpc
 
-__all__ = ["TlsError", "channel_credentials", "read_pem", "server_credentials"]
+__all__ = [
+    "ChannelCredentialFiles",
+    "TlsError",
+    "channel_credentials",
+    "read_pem",
+    "server_credentials",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +49,25 @@ def read_pem(path: Path | str, what: str) -> bytes:
     return data
 
 
+def _stamps(paths: list[Path]) -> tuple[tuple[int, int], ...]:
+    stamps = []
+    for path in paths:
+        try:
+            st = path.stat()
+            stamps.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamps.append((-1, -1))
+    return tuple(stamps)
+
+
 class _Files:
     """The certificate files of one server, and when they were last read."""
 
     def __init__(self, cert: Path, key: Path, client_ca: Path | None) -> None:
         self.paths = [p for p in (cert, key, client_ca) if p is not None]
         self.cert, self.key, self.client_ca = cert, key, client_ca
-        self._stamp = self._stat()
+        self._stamp = _stamps(self.paths)
         self._lock = threading.Lock()
-
-    def _stat(self) -> tuple[tuple[int, int], ...]:
-        stamps = []
-        for path in self.paths:
-            try:
-                st = path.stat()
-                stamps.append((st.st_mtime_ns, st.st_size))
-            except OSError:
-                stamps.append((-1, -1))
-        return tuple(stamps)
 
     def config(self) -> grpc.ServerCertificateConfiguration:
         pair = (read_pem(self.key, "TLS key"), read_pem(self.cert, "TLS certificate"))
@@ -69,7 +77,7 @@ class _Files:
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC's fetcher: a new configuration when the files changed, else None."""
         with self._lock:
-            stamp = self._stat()
+            stamp = _stamps(self.paths)
             if stamp == self._stamp:
                 return None
             try:
@@ -123,3 +131,45 @@ def _pem(value: Path | str | bytes | None, what: str) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     return read_pem(value, what)
+
+
+class ChannelCredentialFiles:
+    """A client's TLS credentials from PEM files, rebuilt when a file changes (checked at
+    most every ``check_s`` seconds): the front-end's side of the worker link, whose
+    client certificate can then be rotated without a restart. A rotation caught
+    half-written keeps the previous credentials and logs why.
+
+    Raises (constructor):
+        TlsError: a file is missing or not PEM.
+    """
+
+    def __init__(
+        self,
+        root_certificates: Path,
+        certificate_chain: Path | None = None,
+        private_key: Path | None = None,
+        *,
+        check_s: float = 1.0,
+    ) -> None:
+        self._args = (root_certificates, certificate_chain, private_key)
+        self._paths = [Path(p) for p in self._args if p is not None]
+        self._check_s = check_s
+        self._stamp = _stamps(self._paths)
+        self._credentials = channel_credentials(*self._args)
+        self._checked = time.monotonic()
+
+    def current(self) -> grpc.ChannelCredentials:
+        """The credentials for a new channel: the same object until the files change."""
+        now = time.monotonic()
+        if now - self._checked < self._check_s:
+            return self._credentials
+        self._checked = now
+        stamp = _stamps(self._paths)
+        if stamp != self._stamp:
+            try:
+                self._credentials = channel_credentials(*self._args)
+                self._stamp = stamp
+                logger.info("TLS client certificate reloaded from %s", self._args[1])
+            except TlsError as err:
+                logger.error("TLS files changed but cannot be read; keeping the old ones: %s", err)
+        return self._credentials

@@ -4,6 +4,7 @@ runs jobs (real certificates, real channels, the front-end's own RemoteWorkerCli
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,36 @@ def test_without_the_link_credentials_no_job_runs(linked: dict, tmp_path: Path) 
         assert LINK_TOKEN not in str(info.value), name
         if error is JobError:
             assert not isinstance(info.value, WorkerUnavailableError), name
+
+
+def test_the_front_ends_link_certificate_rotates_without_restart(
+    linked: dict, tmp_path: Path
+) -> None:
+    """The front-end starts with a client certificate the worker does not trust; once the
+    files hold one it does, the same client gets through (a new channel), no restart."""
+    rogue = write_pki(tmp_path, "rogue-")
+    cert, key = tmp_path / "link.crt", tmp_path / "link.key"
+    cert.write_bytes(rogue.client_cert.read_bytes())
+    key.write_bytes(rogue.client_key.read_bytes())
+    link = link_channel(linked["front"].model_copy(update={"cert_file": cert, "key_file": key}))
+    job = _job(linked)
+
+    async def go():
+        remote = RemoteWorkerClient(linked["address"], timeout_s=10, status_timeout_s=5,
+                                    credentials=link.credentials, metadata=link.metadata)  # fmt: skip
+        try:
+            with pytest.raises(WorkerUnavailableError):
+                await remote.status()
+            for src, dst in ((linked["pki"].client_key, key), (linked["pki"].client_cert, cert)):
+                dst.with_suffix(".tmp").write_bytes(src.read_bytes())
+                os.replace(dst.with_suffix(".tmp"), dst)
+                st = dst.stat()
+                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+            await asyncio.sleep(1.2)  # the credentials are checked at most once a second
+            return await remote.status(), await remote.run(job)
+        finally:
+            await remote.close()
+
+    status, result = asyncio.run(go())
+    assert status.worker_id == "secure-worker"
+    np.testing.assert_array_equal(result.embeddings, linked["worker"].execute(job).embeddings)
