@@ -115,16 +115,17 @@ def test_error_series_exist(live: livestack.LiveStack) -> None:
 
 
 def test_compose_healthcheck_passes_against_a_live_frontend(live: livestack.LiveStack) -> None:
-    """The compose healthcheck of the front-end (Python + grpc health) says SERVING."""
+    """The compose healthcheck of the front-end (GET /healthz on the metrics port) passes
+    against a live front-end, and fails where nothing SERVING answers."""
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     test = compose["services"]["hopserve"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
-    code = test[3].replace("127.0.0.1:50051", live.server.target)
+    code = test[3].replace("127.0.0.1:9090", live.server.metrics_target)
     assert code != test[3]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
-    # and it fails on a service that is not SERVING (an unknown model name)
-    bad = code.replace("service=''", "service='no-such-model'")
+    # and it fails where no SERVING front-end answers (the gRPC port speaks no HTTP)
+    bad = test[3].replace("127.0.0.1:9090", live.server.target)
     assert subprocess.run([sys.executable, "-c", bad], capture_output=True, timeout=60).returncode
 
 

@@ -24,7 +24,6 @@ from live_prometheus import DEPLOY
 
 from hopserve.cli import app
 from hopserve.config import HopserveConfig, load_config
-from hopserve.server.app import SERVICE_NAME as FRONTEND_SERVICE
 from hopserve.worker.service import SERVICE_NAME as WORKER_SERVICE
 
 ROOT = DEPLOY.parent
@@ -205,8 +204,9 @@ def test_compose_workers() -> None:
         assert service["networks"]["default"]["aliases"] == [host]
         assert service["expose"] == [str(port)]
         (profiles[name],) = service["profiles"]
-        health = service["healthcheck"]["test"][3]
-        assert f"127.0.0.1:{port}" in health and f"service='{WORKER_SERVICE}'" in health
+        health = service["healthcheck"]["test"]  # TLS: test_manifest_security.py
+        assert health[:3] == ["CMD", "hopserve", "health"]
+        assert f"127.0.0.1:{port}" in health and WORKER_SERVICE in health
     assert profiles == {"hopserve-worker-gpu": "gpu", "hopserve-worker-cpu": "cpu"}
     gpu = services["hopserve-worker-gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
@@ -360,7 +360,10 @@ def test_kustomization_resources_and_config() -> None:
     for kind, name in (("Deployment", "hopserve"), ("StatefulSet", "hopserve-worker")):
         obj = k8s(kind, name)
         volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
-        assert volumes["config"]["configMap"]["name"] == generator["name"]
+        sources = volumes["config"]["projected"]["sources"]  # + Secrets: test_manifest_security
+        (config_map,) = [s["configMap"] for s in sources if "configMap" in s]
+        assert config_map["name"] == generator["name"]
+        assert config_map["items"] == [{"key": "hopserve.yaml", "path": "hopserve.yaml"}]
         mounts = {m["name"]: m["mountPath"] for m in container(obj)["volumeMounts"]}
         _, params = parse_cli(container(obj)["command"])
         assert Path(mounts["config"]) / "hopserve.yaml" == params["config"]
@@ -382,10 +385,9 @@ def test_k8s_frontend() -> None:
     command, _ = parse_cli(c["command"])
     assert command == "serve"
     assert ports(c) == {"grpc": config.server.port, "metrics": config.server.metrics_port}
-    readiness, liveness = c["readinessProbe"]["grpc"], c["livenessProbe"]["grpc"]
-    assert readiness["port"] == liveness["port"] == config.server.port
-    assert readiness["service"] in ("", FRONTEND_SERVICE)
-    assert liveness["service"] == FRONTEND_SERVICE
+    # TLS on the gRPC port: no kubelet gRPC probe (test_manifest_security.py)
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
@@ -416,9 +418,11 @@ def test_k8s_workers_match_server_workers() -> None:
     _, params = parse_cli(c["command"])
     assert params["device"].startswith("cuda")
     assert ports(c) == {"grpc": params["port"]} == {"grpc": service["spec"]["ports"][0]["port"]}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        grpc = c[probe]["grpc"]
-        assert grpc["port"] == params["port"] and grpc["service"] in ("", WORKER_SERVICE)
+    for probe in ("startupProbe", "readinessProbe"):  # mutual TLS: test_manifest_security.py
+        command = c[probe]["exec"]["command"]
+        assert command[:2] == ["hopserve", "health"] and WORKER_SERVICE in command
+        assert f"127.0.0.1:{params['port']}" in command
+    assert c["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
     resources = c["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 1
     assert service["spec"]["selector"] == workers["spec"]["selector"]["matchLabels"]
