@@ -27,7 +27,9 @@ if _version_not_supported:
 
 
 class WorkerServiceStub:
-    """Runs layer-wise evaluation jobs on one device.
+    """Runs layer-wise evaluation jobs on one device. With `security.link` configured the
+    port is mutual TLS and every RPC needs the link token (`authorization: Bearer`, scope
+    `worker`): only the front-end may call it.
     """
 
     def __init__(self, channel):
@@ -49,7 +51,9 @@ class WorkerServiceStub:
 
 
 class WorkerServiceServicer:
-    """Runs layer-wise evaluation jobs on one device.
+    """Runs layer-wise evaluation jobs on one device. With `security.link` configured the
+    port is mutual TLS and every RPC needs the link token (`authorization: Bearer`, scope
+    `worker`): only the front-end may call it.
     """
 
     def RunJob(self, request, context):
@@ -90,7 +94,9 @@ def add_WorkerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerService:
-    """Runs layer-wise evaluation jobs on one device.
+    """Runs layer-wise evaluation jobs on one device. With `security.link` configured the
+    port is mutual TLS and every RPC needs the link token (`authorization: Bearer`, scope
+    `worker`): only the front-end may call it.
     """
 
     @staticmethod
