@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -35,18 +34,17 @@ from hopserve.proto.v1 import embedding_pb2
 from hopserve.rpc import add_service
 from hopserve.security.factory import (
     exposure_warnings,
-    link_channel,
     posture,
     public_credentials,
     public_gate,
 )
 from hopserve.security.gate import Gate
 from hopserve.server.cache import EmbeddingCache, make_cache
-from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
 from hopserve.server.edge import EmbeddingService
 from hopserve.server.metrics import Metrics
 from hopserve.server.metrics_http import start_metrics_server
 from hopserve.server.models import ModelRegistry, ServedModel
+from hopserve.server.workers import WorkerSet, make_workers
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["SERVICE_NAME", "Service", "build_server"]
@@ -62,15 +60,6 @@ DRAIN_LINGER_S = 0.5
 """On shutdown, how long the gRPC server keeps taking calls after new work is refused."""
 _POLL_LOADING_S = 0.5  # worker status poll while a remote model is not ready yet
 _POLL_READY_S = 5.0  # worker status poll afterwards (memory gauges)
-
-
-@dataclass
-class _Workers:
-    """The workers of a front-end and which dispatcher serves which model."""
-
-    dispatchers: list[Dispatcher]
-    by_model: dict[str, Dispatcher]
-    local: dict[str, Any] = field(default_factory=dict)  # device -> in-process Worker
 
 
 class Service:
@@ -96,7 +85,7 @@ class Service:
         models: ModelRegistry,
         metrics: Metrics,
         cache: EmbeddingCache,
-        workers: _Workers,
+        workers: WorkerSet,
         health_servicer: health.aio.HealthServicer,
         gate: Gate,
     ) -> None:
@@ -344,7 +333,7 @@ async def build_server(config: HopserveConfig) -> Service:
             raise ConfigError(f"models[{index}].graph: {err}") from None
         served.append(ServedModel(model_cfg, topology))
     models = ModelRegistry(served)
-    workers = await _make_workers(config, metrics)
+    workers = await make_workers(config, metrics)
     cache = await make_cache(config.cache, observer=metrics.cache_observer())
     edge = EmbeddingService(
         config.server, models, cache, {n: d for n, d in workers.by_model.items()}, metrics
@@ -389,51 +378,6 @@ async def build_server(config: HopserveConfig) -> Service:
         workers=workers,
         health_servicer=health_servicer,
         gate=gate,
-    )
-
-
-async def _make_workers(config: HopserveConfig, metrics: Metrics) -> _Workers:
-    def on_state(name: str, up: bool) -> None:
-        metrics.worker_up.labels(name).set(1 if up else 0)
-
-    if config.server.workers:
-        link = link_channel(config.security.link)
-        clients = [
-            RemoteWorkerClient(
-                address,
-                credentials=link.credentials,
-                metadata=link.metadata,
-                channel_options=link.options,
-            )  # fmt: skip
-            for address in config.server.workers
-        ]
-        dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=0.25)
-        return _Workers([dispatcher], {m.name: dispatcher for m in config.models})
-    from hopserve.worker.runtime import make_worker
-
-    local: dict[str, Any] = {}
-    by_device: dict[str, Dispatcher] = {}
-    for model_cfg in config.models:
-        device = model_cfg.device
-        if device not in local:
-            try:
-                local[device] = await asyncio.to_thread(make_worker, device)
-            except ImportError as err:  # a front-end-only install (no torch)
-                raise ConfigError(
-                    "server.workers is empty, so the models would run in this process, which "
-                    f"needs the engine ({err}): install hopserve[serve] (with torch), or list "
-                    "remote workers in server.workers"
-                ) from None
-            except (RuntimeError, ValueError) as err:
-                raise ConfigError(
-                    f"model {model_cfg.name!r}: cannot start a worker on device {device!r}: {err}"
-                ) from None
-            client = InProcessWorkerClient(local[device])
-            by_device[device] = Dispatcher([client], on_worker_state=on_state)
-    return _Workers(
-        list(by_device.values()),
-        {m.name: by_device[m.device] for m in config.models},
-        local,
     )
 
 

@@ -21,7 +21,9 @@ from hopserve.client import (
     MalformedResponseError,
     ModelInfo,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
+    UnauthenticatedError,
     UnavailableError,
 )
 
@@ -149,7 +151,8 @@ def test_list_and_get_model(fake, make_client) -> None:
         (grpc.StatusCode.UNAVAILABLE, UnavailableError),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, ResourceExhaustedError),
         (grpc.StatusCode.DEADLINE_EXCEEDED, DeadlineExceededError),
-        (grpc.StatusCode.PERMISSION_DENIED, HopserveError),
+        (grpc.StatusCode.UNAUTHENTICATED, UnauthenticatedError),
+        (grpc.StatusCode.PERMISSION_DENIED, PermissionDeniedError),
         (grpc.StatusCode.INTERNAL, HopserveError),
     ],
 )

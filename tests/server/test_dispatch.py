@@ -17,7 +17,8 @@ from hopserve.proto.contract import (
     ModelNotFoundError,
     WorkerUnavailableError,
 )
-from hopserve.server.dispatch import Dispatcher, InProcessWorkerClient, RemoteWorkerClient
+from hopserve.server.dispatch import Dispatcher
+from hopserve.server.worker_clients import InProcessWorkerClient, RemoteWorkerClient
 from hopserve.worker.runtime import make_worker
 from hopserve.worker.service import serve_worker
 

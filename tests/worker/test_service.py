@@ -30,7 +30,7 @@ from hopserve.proto.contract import (
     WorkerBusyError,
 )
 from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
-from hopserve.server.dispatch import RemoteWorkerClient
+from hopserve.server.worker_clients import RemoteWorkerClient
 from hopserve.worker.service import SERVICE_NAME, serve_worker
 
 # ---------------------------------------------------------------------------- service

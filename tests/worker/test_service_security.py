@@ -18,7 +18,7 @@ from hopserve.config.security import LinkConfig
 from hopserve.proto.contract import JobError, WorkerUnavailableError
 from hopserve.security.factory import link_channel, worker_credentials, worker_gate
 from hopserve.security.tls import channel_credentials
-from hopserve.server.dispatch import RemoteWorkerClient
+from hopserve.server.worker_clients import RemoteWorkerClient
 from hopserve.worker.runtime import make_worker
 from hopserve.worker.service import serve_worker
 

@@ -1,0 +1,80 @@
+"""Which workers serve which model: the remote ones of ``server.workers`` (over the
+link's credentials, ``security.link``) behind one dispatcher, or, with none listed, one
+in-process worker per device, each behind its own dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from hopserve.config import ConfigError, HopserveConfig
+from hopserve.security.factory import link_channel
+from hopserve.server.dispatch import Dispatcher
+from hopserve.server.metrics import Metrics
+from hopserve.server.worker_clients import InProcessWorkerClient, RemoteWorkerClient
+
+__all__ = ["WorkerSet", "make_workers"]
+
+
+@dataclass
+class WorkerSet:
+    """The workers of a front-end and which dispatcher serves which model."""
+
+    dispatchers: list[Dispatcher]
+    by_model: dict[str, Dispatcher]
+    local: dict[str, Any] = field(default_factory=dict)  # device -> in-process Worker
+
+
+async def make_workers(config: HopserveConfig, metrics: Metrics) -> WorkerSet:
+    """The workers of ``config``: remote ones (``server.workers``, over the link's
+    credentials) behind one dispatcher, or one in-process worker per device.
+
+    Raises:
+        ConfigError: the engine is not installed for in-process workers, a device cannot
+            be used, or a link file cannot be read.
+    """
+
+    def on_state(name: str, up: bool) -> None:
+        metrics.worker_up.labels(name).set(1 if up else 0)
+
+    if config.server.workers:
+        link = link_channel(config.security.link)
+        clients = [
+            RemoteWorkerClient(
+                address,
+                credentials=link.credentials,
+                metadata=link.metadata,
+                channel_options=link.options,
+            )  # fmt: skip
+            for address in config.server.workers
+        ]
+        dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=0.25)
+        return WorkerSet([dispatcher], {m.name: dispatcher for m in config.models})
+    from hopserve.worker.runtime import make_worker
+
+    local: dict[str, Any] = {}
+    by_device: dict[str, Dispatcher] = {}
+    for model_cfg in config.models:
+        device = model_cfg.device
+        if device not in local:
+            try:
+                local[device] = await asyncio.to_thread(make_worker, device)
+            except ImportError as err:  # a front-end-only install (no torch)
+                raise ConfigError(
+                    "server.workers is empty, so the models would run in this process, which "
+                    f"needs the engine ({err}): install hopserve[serve] (with torch), or list "
+                    "remote workers in server.workers"
+                ) from None
+            except (RuntimeError, ValueError) as err:
+                raise ConfigError(
+                    f"model {model_cfg.name!r}: cannot start a worker on device {device!r}: {err}"
+                ) from None
+            client = InProcessWorkerClient(local[device])
+            by_device[device] = Dispatcher([client], on_worker_state=on_state)
+    return WorkerSet(
+        list(by_device.values()),
+        {m.name: by_device[m.device] for m in config.models},
+        local,
+    )
