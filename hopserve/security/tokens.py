@@ -226,7 +226,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._entries: list[_Entry] = []
         self._stamp: tuple[int, int] | None = None
-        self._checked = 0.0
+        self._checked = time.monotonic()  # just read: the next check is due in RELOAD_CHECK_S
         self._load(initial=True)
 
     @property
