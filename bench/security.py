@@ -294,28 +294,6 @@ def new_connections(target: str, count: int, options: dict[str, Any]) -> dict[st
     return {"p50_ms": pct["p50"], "p99_ms": pct["p99"], "connections": count}
 
 
-async def cached_lookups(target: str, count: int, options: dict[str, Any]) -> dict[str, Any]:
-    """p50/p99 of 16-node lookups that hit the cache, one request at a time (as in
-    bench/serve.py, over the configuration's channel and token)."""
-    import numpy as np
-
-    from hopserve.client import AsyncEmbeddingClient
-
-    rng = np.random.default_rng(5)
-    async with AsyncEmbeddingClient(target, **options) as client:
-        sets = [rng.choice(1000, 16, replace=False) for _ in range(50)]
-        for s in sets:  # warm the cache
-            await client.get_embeddings(MODEL, s)
-        lat = []
-        for i in range(count):
-            t = time.perf_counter()
-            res = await client.get_embeddings_with_info(MODEL, sets[i % len(sets)])
-            lat.append(time.perf_counter() - t)
-            assert res.cache_hits == 16
-    pct = harness.percentiles(np.asarray(lat) * 1e3, (50, 99))
-    return {"p50_ms": pct["p50"], "p99_ms": pct["p99"], "requests": count}
-
-
 def schedule(repeat: int) -> list[tuple[str, bool, bool, bool]]:
     """Configurations interleaved, alternately forwards and backwards: a b c d d c b a …"""
     order: list[tuple[str, bool, bool, bool]] = []
@@ -403,7 +381,9 @@ def main() -> None:
                     cpu = CpuWindow(server.pid, args.warmup, args.warmup + args.duration).start()
                     report = asyncio.run(run_load(target, spec, **options)).to_dict()
                     report["cpu"] = cpu.result(report["qps"])
-                    report["cached_16"] = asyncio.run(cached_lookups(target, args.lookups, options))
+                    report["cached_16"] = asyncio.run(
+                        harness.cached_lookups(target, MODEL, args.lookups, **options)
+                    )
                     report["connect"] = connect
                     report.update(run=index, configuration=name, tls=tls, tokens=tokens)
                     report["rate_limit"] = limit

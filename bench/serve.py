@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +41,6 @@ def server_config(batching: bool, port: int, metrics_port: int) -> dict[str, Any
         "max_batch_requests": 0 if batching else 1,
         "max_queue": 1024,
     }
-
-
-async def cached_lookups(target: str, count: int) -> dict[str, Any]:
-    """p50/p99 of 16-node lookups that hit the cache, one request at a time."""
-    import numpy as np
-
-    from hopserve.client import AsyncEmbeddingClient
-
-    rng = np.random.default_rng(5)
-    async with AsyncEmbeddingClient(target) as client:
-        sets = [rng.choice(1000, 16, replace=False) for _ in range(50)]
-        for s in sets:  # warm the cache
-            await client.get_embeddings(MODEL, s)
-        lat = []
-        for i in range(count):
-            t = time.perf_counter()
-            res = await client.get_embeddings_with_info(MODEL, sets[i % len(sets)])
-            lat.append(time.perf_counter() - t)
-            assert res.cache_hits == 16
-    pct = harness.percentiles(np.asarray(lat) * 1e3, (50, 99))
-    return {"p50_ms": pct["p50"], "p99_ms": pct["p99"], "requests": count}
 
 
 def parse_args() -> argparse.Namespace:
@@ -120,7 +98,7 @@ def main() -> None:
                     report = asyncio.run(run_load(f"127.0.0.1:{port}", spec)).to_dict()
                     report["batching"], report["cache"] = batching, cache
                     if batching and cache:
-                        lookups = cached_lookups(f"127.0.0.1:{port}", 500)
+                        lookups = harness.cached_lookups(f"127.0.0.1:{port}", MODEL, 500)
                         report["cached_16"] = asyncio.run(lookups)
                     results[name] = report
                 finally:

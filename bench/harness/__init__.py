@@ -66,6 +66,7 @@ from .report import (
 from .sample import (
     MetricsScraper,
     RssSampler,
+    cached_lookups,
     current_rss_mb,
     peak_rss_mb,
     percentiles,
@@ -89,6 +90,7 @@ __all__ = [
     "add_graph_args",
     "add_io_args",
     "add_model_args",
+    "cached_lookups",
     "current_rss_mb",
     "emit_result",
     "evaluator_options",

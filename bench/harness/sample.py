@@ -2,7 +2,7 @@
 
 * :func:`timed`, :func:`run_stats` — repeated wall-clock timings and their best/median;
   :func:`stage_seconds` — the evaluator's own stage timings;
-* :func:`percentiles`;
+* :func:`percentiles`; :func:`cached_lookups` — end-to-end latency of cache hits;
 * :func:`peak_rss_mb`, :func:`current_rss_mb` — this process's memory;
 * :class:`RssSampler` — a thread sampling RSS and CPU of named processes;
 * :class:`MetricsScraper` — a thread scraping a Prometheus ``/metrics`` endpoint.
@@ -265,3 +265,31 @@ class MetricsScraper(threading.Thread):
             if key in values:
                 best = values[key]
         return best
+
+
+async def cached_lookups(
+    target: str, model: str, count: int, **client_options: Any
+) -> dict[str, Any]:
+    """p50/p99 (ms) of 16-node lookups that hit the cache, one request at a time.
+
+    Warms the cache with 50 sets of 16 of the first 1,000 node ids, then times ``count``
+    lookups cycling through them; ``client_options`` go to ``AsyncEmbeddingClient`` (TLS
+    options, token).
+    """
+    import numpy as np
+
+    from hopserve.client import AsyncEmbeddingClient
+
+    rng = np.random.default_rng(5)
+    async with AsyncEmbeddingClient(target, **client_options) as client:
+        sets = [rng.choice(1000, 16, replace=False) for _ in range(50)]
+        for s in sets:  # warm the cache
+            await client.get_embeddings(model, s)
+        lat = []
+        for i in range(count):
+            t = time.perf_counter()
+            res = await client.get_embeddings_with_info(model, sets[i % len(sets)])
+            lat.append(time.perf_counter() - t)
+            assert res.cache_hits == 16
+    pct = percentiles(np.asarray(lat) * 1e3, (50, 99))
+    return {"p50_ms": pct["p50"], "p99_ms": pct["p99"], "requests": count}
