@@ -226,14 +226,14 @@ def test_tokens_never_leak(secured: Secured) -> None:
 
 
 def test_rate_limit_and_the_sdk_backs_off(make_config, start_server, evaluator, all_ids) -> None:  # noqa: ANN001
-    security = SecurityConfig.model_validate({"rate_limit": {"requests_per_s": 4, "burst": 2}})
+    security = SecurityConfig.model_validate({"rate_limit": {"requests_per_s": 2, "burst": 2}})
     server = start_server(
         make_config(cache={"backend": "memory"}).model_copy(update={"security": security})
     )
     ids = all_ids[[1, 2, 3]]
     limited = pytest.raises(ResourceExhaustedError, match=r"rate limit of peer .* retry in")
     with server.client(max_retries=0) as impatient, limited:
-        for _ in range(5):
+        for _ in range(20):  # refused unless each call took over 0.5 s
             impatient.get_embeddings(MODEL, ids)
     # backoff_max below the hint: only the server's retry-after-ms can make this succeed
     with server.client(max_retries=12, backoff_base=0.001, backoff_max=0.002) as client:

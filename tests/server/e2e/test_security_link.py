@@ -74,7 +74,12 @@ def test_front_end_without_link_credentials_runs_nothing(
         update={"token_file": None})  # fmt: skip
     with capture_records() as records:
         server = start_server(_front_end(make_config, secure_worker, link), expect_ready=None)
-        time.sleep(2.0)  # several status polls
+        if credentials != "none":  # wait for the worker's first refusal to be logged
+            end = time.monotonic() + 20
+            while not any("needs a token" in r.getMessage() for r in records.records):
+                assert time.monotonic() < end, "no refusal logged"
+                time.sleep(0.1)
+        time.sleep(2.0)  # several more status polls (every 0.5 s while loading)
         assert server.service.models.get(MODEL).state == "loading"
         with server.client(max_retries=0, timeout=5) as client:
             assert not client.health(MODEL)
