@@ -306,12 +306,7 @@ def schedule(repeat: int) -> list[tuple[str, bool, bool, bool]]:
 def parse_args() -> argparse.Namespace:
     p = harness.parser(__doc__)
     harness.add_graph_args(p, nodes=200_000, avg_degree=10.0)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--set-size", type=int, default=16)
-    p.add_argument("--set-size-sigma", type=float, default=0.5)
-    p.add_argument("--zipf", type=float, default=1.1)
+    harness.add_load_args(p)
     p.add_argument("--repeat", type=int, default=4, help="runs per configuration (interleaved)")
     p.add_argument("--lookups", type=int, default=500, help="cached 16-node lookups per run")
     p.add_argument("--connects", type=int, default=50, help="fresh connections timed per run")
@@ -338,20 +333,11 @@ def main() -> None:
     args = parse_args()
     started = time.monotonic()
 
-    from hopserve.client.loadtest import LoadSpec, run_load
+    from hopserve.client.loadtest import run_load
 
     data = harness.prepare_sage(Path(args.data), args.nodes, args.avg_degree)
     harness.log(f"graph ready ({args.nodes:,} nodes)")
-    spec = LoadSpec(
-        model=MODEL,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        set_size=args.set_size,
-        set_size_sigma=args.set_size_sigma,
-        zipf_a=args.zipf,
-        seed=1,
-    )
+    spec = harness.load_spec(args, MODEL)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hopserve-bench-security-") as tmp:
         secrets = Secrets.generate(Path(tmp) / "secrets")

@@ -46,12 +46,7 @@ def server_config(batching: bool, port: int, metrics_port: int) -> dict[str, Any
 def parse_args() -> argparse.Namespace:
     p = harness.parser(__doc__)
     harness.add_graph_args(p, nodes=200_000, avg_degree=10.0)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--set-size", type=int, default=16)
-    p.add_argument("--set-size-sigma", type=float, default=0.5)
-    p.add_argument("--zipf", type=float, default=1.1)
+    harness.add_load_args(p)
     harness.add_io_args(p, data=harness.REPO / "data")
     return p.parse_args()
 
@@ -59,19 +54,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
 
-    from hopserve.client.loadtest import LoadSpec, run_load
+    from hopserve.client.loadtest import run_load
 
     data = harness.prepare_sage(Path(args.data), args.nodes, args.avg_degree)
-    spec = LoadSpec(
-        model=MODEL,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        set_size=args.set_size,
-        set_size_sigma=args.set_size_sigma,
-        zipf_a=args.zipf,
-        seed=1,
-    )
+    spec = harness.load_spec(args, MODEL)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="hopserve-bench-") as tmp:
         redis = harness.RedisServer.launch(Path(tmp) / "redis", maxmemory="1gb")

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_STATUS_BYTES",
     "UndecodableRequest",
     "add_service",
+    "bind_port",
     "bound_message",
     "clip",
     "quote",
@@ -86,6 +87,27 @@ def bound_message(message: str, limit: int = MAX_STATUS_BYTES) -> str:
     marker = f"{_TRUNCATED}(truncated, {len(data)} bytes)"
     keep = max(0, limit - len(marker.encode("utf-8")))
     return data[:keep].decode("utf-8", "ignore") + marker
+
+
+def bind_port(
+    server: grpc.Server | grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> tuple[int, str]:
+    """Bind ``host:port`` (IPv6 hosts bracketed), TLS when ``credentials`` are given.
+
+    Returns:
+        ``(bound port, address)``; the port is 0 when it could not be bound (in use).
+    """
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address), address
+        return server.add_secure_port(address, credentials), address
+    except RuntimeError as err:  # grpc's "Failed to bind"
+        logger.debug("bind %s: %s", address, err)
+        return 0, address
 
 
 @dataclass(frozen=True)

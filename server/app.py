@@ -31,7 +31,7 @@ from hopserve.config import ConfigError, HopserveConfig
 from hopserve.logs import rate_limited
 from hopserve.proto.contract import JobError, ModelStatus, WorkerUnavailableError
 from hopserve.proto.v1 import embedding_pb2
-from hopserve.rpc import add_service
+from hopserve.rpc import add_service, bind_port
 from hopserve.security.factory import (
     exposure_warnings,
     posture,
@@ -355,15 +355,7 @@ async def build_server(config: HopserveConfig) -> Service:
          reflection.SERVICE_NAME),
         server,
     )  # fmt: skip
-    address = f"{_bracket(config.server.host)}:{config.server.port}"
-    try:
-        if credentials is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, credentials)
-    except RuntimeError as err:
-        port = 0
-        logger.debug("bind %s: %s", address, err)
+    port, address = bind_port(server, config.server.host, config.server.port, credentials)
     if not port:
         await cache.close()
         raise ConfigError(f"server.port: cannot listen on {address} (in use?)")
@@ -379,10 +371,6 @@ async def build_server(config: HopserveConfig) -> Service:
         health_servicer=health_servicer,
         gate=gate,
     )
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _first_line(err: BaseException) -> str:

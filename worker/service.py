@@ -40,7 +40,7 @@ from hopserve.proto.codec import (
 )
 from hopserve.proto.contract import JobError, WorkerBusyError
 from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
-from hopserve.rpc import add_service, bound_message, clip
+from hopserve.rpc import add_service, bind_port, bound_message, clip
 from hopserve.security.gate import Gate
 from hopserve.worker.runtime.base import Worker
 
@@ -186,17 +186,9 @@ def serve_worker(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    address = f"{bracketed}:{port}"
-    try:
-        if credentials is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, credentials)
-    except RuntimeError as err:
-        raise RuntimeError(f"worker: cannot listen on {address}: {err}") from None
+    bound, address = bind_port(server, host, port, credentials)
     if bound == 0:
         raise RuntimeError(f"worker: cannot listen on {address}")
     server.start()
-    log.info("worker %s listening on %s:%d", worker.worker_id, bracketed, bound)
+    log.info("worker %s listening on %s:%d", worker.worker_id, address.rsplit(":", 1)[0], bound)
     return WorkerServer(server, health_servicer), bound

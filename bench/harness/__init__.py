@@ -33,8 +33,10 @@ from .cli import (
     add_engine_args,
     add_graph_args,
     add_io_args,
+    add_load_args,
     add_model_args,
     evaluator_options,
+    load_spec,
     parser,
 )
 from .data import SageData, model_entry, powerlaw_pair, prepare_sage, write_config
@@ -89,6 +91,7 @@ __all__ = [
     "add_engine_args",
     "add_graph_args",
     "add_io_args",
+    "add_load_args",
     "add_model_args",
     "cached_lookups",
     "current_rss_mb",
@@ -97,6 +100,7 @@ __all__ = [
     "free_port",
     "git_revision",
     "grpc_health",
+    "load_spec",
     "log",
     "machine_info",
     "machine_line",

@@ -49,6 +49,33 @@ def evaluator_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"device": args.device, "progress": False, "memory_budget_bytes": args.budget_mb << 20}
 
 
+def add_load_args(p: argparse.ArgumentParser, *, duration: float = 10.0) -> None:
+    """``hopserve loadtest``'s closed-loop workload: concurrency, durations, set sizes,
+    Zipf popularity (see :func:`load_spec`)."""
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--duration", type=float, default=duration)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--set-size", type=int, default=16)
+    p.add_argument("--set-size-sigma", type=float, default=0.5)
+    p.add_argument("--zipf", type=float, default=1.1)
+
+
+def load_spec(args: argparse.Namespace, model: str, seed: int = 1) -> Any:
+    """The ``hopserve.client.loadtest.LoadSpec`` of :func:`add_load_args`' options."""
+    from hopserve.client.loadtest import LoadSpec
+
+    return LoadSpec(
+        model=model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        set_size=args.set_size,
+        set_size_sigma=args.set_size_sigma,
+        zipf_a=args.zipf,
+        seed=seed,
+    )
+
+
 def add_io_args(p: argparse.ArgumentParser, *, data: str | Path = POWERLAW_DATA) -> None:
     """``--data`` (inputs, built once and reused) and ``--out`` (results, default
     ``bench/results``)."""
