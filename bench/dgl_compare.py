@@ -28,6 +28,9 @@ Each (method, model, layers[, fraction]) runs in its own interpreter; fast metho
 ``--repeat`` times (best and median kept). Outputs ``bench/results/dgl_full.{json,md,png}``
 and ``bench/results/dgl_partial.{json,md,png}``. Ratios are measured side by side in one
 run; absolute times only mean something on the machine that produced them.
+
+One script (about 440 lines): its options, runs and report; the DGL models and DGL's own
+inference loops are in ``dgl_baselines.py``.
 """
 
 from __future__ import annotations

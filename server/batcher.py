@@ -30,6 +30,9 @@ Stall: :meth:`Batcher.stalled` is true while work waits or runs and no batch has
 service turns the model's health NOT_SERVING and sets ``hopserve_model_stalled`` then.
 
 Deadlines are absolute instants of the event loop's clock (``loop.time()``, monotonic).
+
+One module (about 440 lines, a third of them this contract): submit, the dispatch loop
+and slot ownership share the batcher's state; batch formation is in ``batch_queue.py``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Deadline: the client's gRPC deadline, else ``server.default_deadline_s``. A canc
 RPC cancels its wait in the batcher (and the batch, if nobody else needs it). Sampled
 requests are never cached (``QueryOptions.fanouts``); their seed defaults to 0 so they
 are reproducible. A stream is computed in slices, one ahead of the one being sent.
+
+One module (about 430 lines): the four RPCs share parsing, ID mapping, the cache lookup
+and the answer assembly; batching and the pipeline behind it live elsewhere.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """One soak run: the plan, what happened, and :class:`Soak`, which drives the processes,
-the load generator, the checker and the phases."""
+the load generator, the checker and the phases.
+
+One module (about 400 lines): the phase schedule and the fault injections read as one
+timeline; the analysis, plot and report are in their own modules."""
 
 from __future__ import annotations
 

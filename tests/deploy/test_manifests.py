@@ -5,6 +5,9 @@ by the real Typer app (unknown commands or options, bad values fail); ports, add
 health service names and the Redis eviction policy agree with the configs, which load
 with :func:`hopserve.config.load_config` (paths need not exist: ``load_config``
 does not check them, ``validate_paths`` would, and the deployed paths live in volumes).
+
+One module (about 440 lines): the compose and Kubernetes readers, which
+``secret_mounts.py`` reuses, next to the checks that use them.
 """
 
 from __future__ import annotations
