@@ -74,7 +74,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones_retryably(
     assert set(before) <= {"OK", "UNAVAILABLE"} and before["OK"] > 0, before
     assert set(after) <= {"OK", "UNAVAILABLE", "CANCELLED"}, after
     assert after["UNAVAILABLE"] > 5 * after["CANCELLED"], after
-    assert exited < 8, f"exit took {exited:.1f}s"
+    assert exited < 8, f"exit took {exited:.1f}s\n{log[-3000:]}"
 
 
 def test_calls_held_by_grpc_at_stop_get_unavailable_not_cancelled(
