@@ -104,11 +104,15 @@ def test_calls_held_by_grpc_at_stop_get_unavailable_not_cancelled(
     time.sleep(0.1)  # in the batcher's 300 ms window
     server.loop.call_soon_threadsafe(time.sleep, 0.6)  # the event loop is busy
     time.sleep(0.05)
+    # Shutdown is queued first, then the calls reach gRPC, which cannot hand them over
+    # while the loop is busy: when it frees, shutdown begins before they are handed over.
+    # (Queued the other way round, gRPC's poller may hand them over first, and they are
+    # rightly answered with rows.)
+    stopping = asyncio.run_coroutine_threadsafe(server.service.stop(5), server.loop)
+    time.sleep(0.05)
     held = [threading.Thread(target=call, args=(all_ids[i : i + 3],)) for i in range(8)]
     for thread in held:
         thread.start()
-    time.sleep(0.3)  # the calls reach gRPC, which cannot hand them over yet
-    stopping = asyncio.run_coroutine_threadsafe(server.service.stop(5), server.loop)
     for thread in [in_service, *held]:
         thread.join(20)
     stopping.result(20)
