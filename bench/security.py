@@ -51,6 +51,8 @@ from typing import Any
 import harness
 from security_report import report_out
 
+from hopserve.security.tls import channel_credentials
+
 MODEL = "sage"
 CONFIGS = [  # name, tls, tokens, rate limit
     ("plaintext", False, False, False),
@@ -154,33 +156,6 @@ def write_config(
         cfg["security"] = security
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
-
-
-def start_frontend(
-    config: Path, target: str, log_path: Path, options: dict[str, Any], timeout: float = 180.0
-) -> harness.ServiceProcess:
-    """``hopserve serve``, started and SERVING for the model — polled over the
-    configuration's own channel (harness.start_frontend polls in plaintext only)."""
-    from hopserve.client import EmbeddingClient
-
-    proc = harness.ServiceProcess.hopserve(
-        "front-end", ["serve", "--config", str(config)], log_path
-    )
-    proc.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            if not proc.alive:
-                raise RuntimeError(f"front-end exited with {proc.returncode}:\n{proc.log_tail()}")
-            with EmbeddingClient(target, timeout=1.0, max_retries=0, **options) as client:
-                if client.health(MODEL):
-                    return proc
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{target} not SERVING after {timeout:g}s:\n{proc.log_tail()}")
-            time.sleep(0.1)
-    except BaseException:
-        proc.kill()
-        raise
 
 
 def check_posture(target: str, tls: bool, tokens: bool, options: dict[str, Any]) -> list[str]:
@@ -358,7 +333,10 @@ def main() -> None:
                     secrets.security(tls, tokens, limit),
                 )
                 log_path = Path(tmp) / f"{index}-{name}.log"
-                server = start_frontend(config, target, log_path, options)
+                credentials = channel_credentials(options["root_certificates"]) if tls else None
+                server = harness.start_frontend(
+                    config, port, log_path, model=MODEL, credentials=credentials
+                )
                 try:
                     harness.log(f"run {index}: {name} …")
                     posture = check_posture(target, tls, tokens, options)

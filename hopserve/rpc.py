@@ -205,7 +205,7 @@ def _guard(
     full_name = f"/{method.containing_service.full_name}/{name}"
 
     def denied(context: Any) -> Denial | None:
-        if gate is None:
+        if gate is None or not gate.enabled:  # no tokens, no limit: nothing to look at
             return None
         denial = gate.check(full_name, context.invocation_metadata(), context.peer())
         if denial is not None:

@@ -33,6 +33,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from hopserve.proto import contract
+from hopserve.security.gate import REFUSAL_REASONS
 
 __all__ = [
     "METRICS",
@@ -46,10 +47,6 @@ __all__ = [
 STAGES = contract.STAGES
 """Allowed values of the ``stage`` label of ``hopserve_stage_duration_seconds`` (the
 contract's stage names, one list for the metrics, the wire and the client)."""
-
-REFUSAL_REASONS: tuple[str, ...] = ("unauthenticated", "permission_denied", "rate_limited")
-"""Allowed values of the ``reason`` label of ``hopserve_refused_requests_total`` (the
-:class:`hopserve.security.gate.Denial` reasons)."""
 
 MEMORY_KINDS: tuple[str, ...] = ("used", "total", "peak")
 """Allowed values of the ``kind`` label of ``hopserve_worker_device_memory_bytes``."""

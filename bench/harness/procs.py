@@ -66,8 +66,11 @@ def run_child(
 
 
 # --------------------------------------------------------------------------- gRPC health
-def grpc_health(target: str, service: str = "", timeout: float = 1.0) -> str:
-    """The ``grpc.health.v1`` status of ``service`` at ``target``, e.g. ``"SERVING"``.
+def grpc_health(
+    target: str, service: str = "", timeout: float = 1.0, credentials: Any = None
+) -> str:
+    """The ``grpc.health.v1`` status of ``service`` at ``target``, e.g. ``"SERVING"``
+    (over TLS with ``credentials``, a ``grpc.ChannelCredentials``).
 
     Returns ``"UNREACHABLE"`` when the call fails (down, refused, timed out) and
     ``"NOT_FOUND"`` for an unknown service.
@@ -75,7 +78,12 @@ def grpc_health(target: str, service: str = "", timeout: float = 1.0) -> str:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    channel = (
+        grpc.insecure_channel(target)
+        if credentials is None
+        else grpc.secure_channel(target, credentials)
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -92,8 +100,10 @@ def wait_serving(
     timeout: float = 120.0,
     interval: float = 0.05,
     proc: ServiceProcess | None = None,
+    credentials: Any = None,
 ) -> float:
-    """Poll gRPC health until ``service`` is SERVING; the ``time.monotonic()`` it was seen.
+    """Poll gRPC health until ``service`` is SERVING; the ``time.monotonic()`` it was seen
+    (over TLS with ``credentials``).
 
     Raises:
         RuntimeError: ``proc`` exited, or not SERVING within ``timeout`` seconds.
@@ -102,7 +112,8 @@ def wait_serving(
     while True:
         if proc is not None and not proc.alive:
             raise RuntimeError(f"{proc.name} exited with {proc.returncode}:\n{proc.log_tail()}")
-        if grpc_health(target, service, timeout=min(1.0, max(0.05, interval * 4))) == "SERVING":
+        probe = min(1.0, max(0.05, interval * 4))
+        if grpc_health(target, service, timeout=probe, credentials=credentials) == "SERVING":
             return time.monotonic()
         if time.monotonic() > deadline:
             tail = f":\n{proc.log_tail()}" if proc is not None else ""
@@ -262,8 +273,16 @@ def start_worker(
 
 
 def start_frontend(
-    config: Path, port: int, log_path: Path, *, model: str = "", timeout: float = 180.0
+    config: Path,
+    port: int,
+    log_path: Path,
+    *,
+    model: str = "",
+    timeout: float = 180.0,
+    credentials: Any = None,
 ) -> ServiceProcess:
-    """``hopserve serve`` (port from ``config``), started and SERVING for ``model``."""
+    """``hopserve serve`` (port from ``config``), started and SERVING for ``model``
+    (health polled over TLS with ``credentials``, for a TLS port)."""
     proc = ServiceProcess.hopserve("front-end", ["serve", "--config", str(config)], log_path)
-    return _started(proc, f"127.0.0.1:{port}", model, timeout=timeout, interval=0.1)
+    return _started(proc, f"127.0.0.1:{port}", model, timeout=timeout, interval=0.1,
+                    credentials=credentials)  # fmt: skip

@@ -25,10 +25,13 @@ import grpc
 from hopserve.security.ratelimit import RateLimiter
 from hopserve.security.tokens import ADMIN, Identity, TokenStore
 
-__all__ = ["RETRY_AFTER_KEY", "Denial", "Gate"]
+__all__ = ["REFUSAL_REASONS", "RETRY_AFTER_KEY", "Denial", "Gate"]
 
 RETRY_AFTER_KEY = "retry-after-ms"
 """Trailing metadata of a rate-limited answer: milliseconds until a retry can pass."""
+
+REFUSAL_REASONS = ("unauthenticated", "permission_denied", "rate_limited")
+"""Every :attr:`Denial.reason` (the ``reason`` label of ``hopserve_refused_requests_total``)."""
 
 _BEARER = "bearer "
 
@@ -39,7 +42,7 @@ class Denial:
 
     code: grpc.StatusCode
     message: str
-    reason: str  # "unauthenticated" | "permission_denied" | "rate_limited" (metric label)
+    reason: str  # one of REFUSAL_REASONS (metric label)
     retry_after_s: float | None = None
 
     @property

@@ -150,3 +150,21 @@ def test_check_reports_the_security_posture(tmp_path: Path, secrets: Path) -> No
         and "security.tls.key_file" in proc.stderr
         and "missing.key" in (proc.stderr)
     )
+
+
+def test_init_failing_half_way_leaves_nothing(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A write that fails after some files leaves neither the folder nor a temporary one."""
+    from hopserve.cli import security as cli_security
+
+    written = []
+
+    def chmod(path, mode) -> None:  # noqa: ANN001
+        written.append(path)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_security.os, "chmod", chmod)
+    files = {f"f{i}.key": b"secret" for i in range(5)}
+    with pytest.raises(OSError, match="No space"):
+        cli_security._write_folder(tmp_path / "secrets", files, force=False)
+    assert list(tmp_path.iterdir()) == []

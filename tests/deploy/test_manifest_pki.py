@@ -135,9 +135,8 @@ def test_worker_link_works(init_dir: Path, worker: str) -> None:
         result = CliRunner().invoke(app, argv[1:])
         assert result.exit_code == 0, result.output
         link = link_channel(front)
-        credentials = link.credentials  # or files re-read on change: their current ones
-        credentials = getattr(credentials, "current", lambda: credentials)()
-        channel = grpc.secure_channel(f"127.0.0.1:{port}", credentials, link.options)
+        channel = grpc.secure_channel(f"127.0.0.1:{port}", link.credentials.current(),
+                                      link.options)  # fmt: skip
         assert health_status(channel, WORKER_SERVICE) == health_pb2.HealthCheckResponse.SERVING
         bare = grpc.secure_channel(f"127.0.0.1:{port}", channel_credentials(own.ca_file),
                                    (("grpc.ssl_target_name_override", "hopserve-worker"),))  # fmt: skip
