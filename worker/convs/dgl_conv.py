@@ -33,12 +33,22 @@ Gather-free: convs that then reduce raw source rows (``GINConv``, ``GraphConv``,
 ``SAGEConv`` mean/gcn) read the stored node table in place: the batch's source side is
 the whole table (``num_src_nodes = N``) and the destination rows are passed explicitly as
 ``(table, table[dst])``.
+
+Full layers: when a gather-free layer's destinations are every node in storage order
+(full evaluation), its batches share one source table, and the source-side work DGL's
+full-graph forward does once (``SAGEConv`` mean/gcn with ``in > out``: ``fc_neigh`` of
+every source row) is done once per layer too (:class:`LayerTableCache`), not once per
+batch; each batch then aggregates the projected ``out``-wide rows with DGL's own kernel.
+That is the full-graph forward's own order of operations, split by destination rows.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import threading
+import weakref
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import Tensor, nn
@@ -129,6 +139,73 @@ def _u_mul_e_sum(graph, mfunc, rfunc) -> Tensor | None:
     return None
 
 
+def full_layer(batch: LayerBatch) -> bool:
+    """Whether ``batch`` belongs to a full gather-free layer (all nodes, storage order)."""
+    return batch.global_src_size is not None and batch.dst_start is not None
+
+
+def _last_of_layer(batch: LayerBatch) -> bool:
+    return batch.dst_start + batch.num_dst >= batch.global_src_size
+
+
+class LayerTableCache:
+    """A whole-table tensor derived from a layer's source table, kept for that layer.
+
+    On a full layer every batch reads the same stored table ``x`` (all ``N`` rows); a
+    derived table (``x W``, ``c_out ⊙ x``) is computed on the first batch that asks and
+    dropped after the layer's last batch, so it lives as long as one layer runs (at most
+    ``N × min(in, out)`` values). The entry is keyed by ``x`` itself (a weak reference, its
+    in-place version counter), the caller's key (layer, weight versions, sampling …), and
+    is only ever returned for the very tensor it was derived from.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entry: tuple[weakref.ref, int, Hashable, Tensor] | None = None
+
+    def get(
+        self, x: Tensor, key: Hashable, batch: LayerBatch, make: Callable[[], Tensor]
+    ) -> Tensor:
+        """The table for ``(x, key)``, made by ``make()`` on a miss."""
+        with self._lock:
+            e = self._entry
+            hit = e is not None and e[0]() is x and e[1] == x._version and e[2] == key
+            value = e[3] if hit else None
+        if value is None:
+            value = make()
+            with self._lock:
+                self._entry = (weakref.ref(x), x._version, key, value)
+        if _last_of_layer(batch):
+            with self._lock:
+                if self._entry is not None and self._entry[3] is value:
+                    self._entry = None
+        return value
+
+
+class _Precomputed(nn.Module):
+    """Stands in for a linear layer whose outputs on some inputs are already known."""
+
+    def __init__(self, linear: nn.Module, known: list[tuple[Tensor, Tensor]]) -> None:
+        super().__init__()
+        self.linear = linear
+        self.known = known  # (input, its output)
+
+    def forward(self, inp: Tensor) -> Tensor:
+        for src, out in self.known:
+            if (
+                inp.data_ptr() == src.data_ptr()
+                and inp.shape == src.shape
+                and inp.stride() == src.stride()
+            ):
+                return out
+        return self.linear(inp)
+
+
+def _params_key(*params: Tensor | None) -> tuple:
+    """Identity and in-place version of parameters (a weight update invalidates a table)."""
+    return tuple((id(p), p._version) if p is not None else None for p in params)
+
+
 def _class_names(conv: nn.Module) -> set[str]:
     return {c.__name__ for c in type(conv).__mro__ if c.__module__.startswith("dgl.nn.")}
 
@@ -217,6 +294,14 @@ class DGLConvAdapter(ConvAdapter):
             "SAGEConv" in names and getattr(conv, "_aggre_type", None) in _FUSED_SAGE
         )
         self._edge_scores = int(getattr(conv, "_num_heads", 1)) if names & _EDGE_SCORES else 0
+        # SAGEConv mean/gcn that DGL runs projection-first (in > out): on full layers
+        # fc_neigh of the whole table is computed once per layer (see the module doc).
+        self._project_first = (
+            "SAGEConv" in names
+            and getattr(conv, "_aggre_type", None) in ("mean", "gcn")
+            and conv._in_src_feats > conv._out_feats
+        )
+        self._tables = LayerTableCache()
 
     def prepare(self, graph) -> None:  # graph: GraphStore
         key = (id(graph), getattr(graph, "version", None))
@@ -243,4 +328,23 @@ class DGLConvAdapter(ConvAdapter):
         return x
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        if self._project_first and full_layer(batch):
+            return self._run_projected(x, batch)
         return aggregate_first(self.conv)(dgl_block(batch), self.features(x, batch))
+
+    def _run_projected(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        """The conv's own forward on a full layer, ``fc_neigh(x)`` computed once per layer.
+
+        Exactness: the conv runs its own projection-first branch (``lin_before_mp``), as on
+        the full graph; ``fc_neigh`` returns the layer's table ``fc_neigh(x)`` (and its
+        destination rows) instead of recomputing it for every batch.
+        """
+        conv = self.conv
+        fc = conv.fc_neigh
+        key = (batch.layer, _params_key(*fc.parameters()))
+        table = self._tables.get(x, key, batch, lambda: fc(x))
+        x_dst = batch.dst_rows(x)
+        view = copy.copy(conv)  # a new __dict__ and module dict; parameters shared
+        known = [(x, table), (x_dst, batch.dst_rows(table))]
+        view.__dict__["_modules"] = {**conv._modules, "fc_neigh": _Precomputed(fc, known)}
+        return view(dgl_block(batch), (x, x_dst))

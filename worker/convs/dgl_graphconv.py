@@ -10,16 +10,28 @@ with ``norm="both"``: :math:`p = q = 1/2`; ``"left"``: :math:`p = 1`, no :math:`
 Exactness: :math:`d^{out}_u` is the source's out-degree in the *whole* graph; on a batch
 DGL would count only the batch's edges out of ``u``. For ``"both"`` / ``"left"``,
 ``prepare`` computes :math:`c^{out}` once per graph (float32, ``clamp(min=1)``, as DGL does)
-and each batch runs the conv through a parameter-sharing view with ``norm="none"`` and the
-per-edge weight :math:`c^{out}_u c^{in}_v` (DGL's own ``edge_weight`` path, ``u_mul_e``):
-``W`` (applied after aggregating, see :func:`~.dgl_conv.aggregate_first`), bias and
-activation stay the conv's own. :math:`d^{in}_v` is the batch's in-degree, which
-is the whole graph's for exact evaluation (every in-edge of a destination is in its
-batch) and the sampled count for sampling evaluation. Only the rounding differs from the
-full-graph forward (the two scale factors are multiplied per edge). ``"right"`` / ``"none"``
-need no whole-graph statistic and run unchanged (:class:`~.dgl_conv.DGLConvAdapter`).
-The view is a shallow copy made per call: the user's module is never mutated, and the
-view always sees its current parameters.
+and each batch runs the steps of DGL's ``GraphConv.forward`` in its order, with
+:math:`c^{out}` taken from the whole graph: source rows times :math:`c^{out}`, ``W``
+first when ``in > out`` (on a full layer only, see below), DGL's ``copy_u``/``sum``
+kernel, ``W`` after when not applied before, times :math:`c^{in}`, the conv's bias and
+activation (its parameters, read at call time; the module is never mutated).
+:math:`d^{in}_v` is the batch's in-degree, which is the whole graph's for exact
+evaluation (every in-edge of a destination is in its batch) and the sampled count for
+sampling evaluation. ``"right"`` / ``"none"`` need no whole-graph statistic and run
+unchanged (:class:`~.dgl_conv.DGLConvAdapter`).
+
+Three cases, by how the batch reads its sources:
+
+* gathered source rows: ``x_src · c_out[src]`` per batch, aggregated first (the ``B``
+  destination rows are projected, see :func:`~.dgl_conv.aggregate_first`);
+* a full layer read in place (all nodes, storage order; full evaluation): the scaled
+  table ``c_out ⊙ x`` — projected, ``(c_out ⊙ x) W``, when ``in > out`` — is computed once
+  per layer (:class:`~.dgl_conv.LayerTableCache`), exactly the full-graph forward's own
+  source side; each batch only aggregates it;
+* a partial frontier read in place: no whole-table work for a few rows; the conv runs
+  through a view with ``norm="none"`` and the per-edge weight :math:`c^{out}_u c^{in}_v`
+  (DGL's ``edge_weight`` path, ``u_mul_e``); only the rounding differs (the two factors
+  are multiplied per edge).
 
 Sampling: a sampled batch (``batch.sampling`` set, fanout below the graph's maximum
 in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled
@@ -32,8 +44,9 @@ once per ``(layer, fanout, seed)`` and kept for a few of them (float32 ``[N]`` e
 whole graph's :math:`d^{out}` would scale a source with many sampled-away out-edges too
 little. ``"right"`` / ``"none"`` read only the batch's in-degrees, which are :math:`G_l`'s.
 
-Gather-free: the per-edge weights index the stored node table directly (no per-batch
-gather, no scaled copy of the table).
+Gather-free: a partial frontier's per-edge weights index the stored node table directly
+(no per-batch gather, no scaled copy of the table); a full layer's scaled table is
+``N × min(in, out)`` values while that layer runs.
 """
 
 from __future__ import annotations
@@ -46,7 +59,13 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import LayerBatch, Sampling
-from hopserve.worker.convs.dgl_conv import DGLConvAdapter, aggregate_first, dgl_block
+from hopserve.worker.convs.dgl_conv import (
+    DGLConvAdapter,
+    LayerTableCache,
+    aggregate_first,
+    dgl_block,
+    full_layer,
+)
 from hopserve.worker.graph.planner import sampled_out_degrees
 
 # Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
@@ -72,6 +91,7 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         self._max_in_degree = 0
         self._sampled_norm: OrderedDict[Sampling, Tensor] = OrderedDict()
         self._sample_lock = threading.Lock()
+        self._tables = LayerTableCache()
 
     @property
     def global_norm(self) -> bool:
@@ -132,5 +152,53 @@ class DGLGraphConvAdapter(DGLConvAdapter):
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         if not self.global_norm:
             return super().run(x, batch)
+        if batch.global_src_size is None:  # gathered source rows
+            norm = self.source_norm(batch).to(x.device)[batch.src_nodes]
+            return self._aggregate(_scale_rows(x, norm), batch, projected=False)
+        if full_layer(batch):
+            return self._run_full_layer(x, batch)
         w = self.edge_weight(batch).to(x.dtype)
         return _unnormalized(self.conv)(dgl_block(batch), self.features(x, batch), edge_weight=w)
+
+    def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        """A full layer: ``c_out ⊙ x`` (times ``W`` when ``in > out``) once per layer."""
+        conv = self.conv
+        weight = conv.weight
+        projected = weight is not None and conv._in_feats > conv._out_feats
+
+        def make() -> Tensor:
+            t = _scale_rows(x, self.source_norm(batch).to(x.device))
+            return torch.matmul(t, weight) if projected else t
+
+        key = (batch.layer, batch.sampling, projected, (id(weight), getattr(weight, "_version", 0)))
+        table = self._tables.get(x, key, batch, make)
+        return self._aggregate(table, batch, projected=projected)
+
+    def _aggregate(self, src: Tensor, batch: LayerBatch, *, projected: bool) -> Tensor:
+        """DGL ``GraphConv.forward`` from the aggregation on: sum, ``W``, ``c_in``, bias, act."""
+        import dgl
+
+        conv = self.conv
+        block = dgl_block(batch)
+        degs = batch.indptr[1:] - batch.indptr[:-1]
+        if not conv._allow_zero_in_degree and bool((degs == 0).any()):
+            raise dgl.DGLError(
+                "There are 0-in-degree nodes in the graph, output for those nodes will be "
+                "invalid (GraphConv with allow_zero_in_degree=False)."
+            )
+        rst = dgl.ops.copy_u_sum(block, src)
+        if not projected and conv.weight is not None:
+            rst = torch.matmul(rst, conv.weight)
+        if self.norm == "both":
+            norm = degs.to(rst).clamp(min=1).pow(-0.5)
+            rst = rst * norm.reshape(norm.shape + (1,) * (rst.dim() - 1))
+        if conv.bias is not None:
+            rst = rst + conv.bias
+        if conv._activation is not None:
+            rst = conv._activation(rst)
+        return rst
+
+
+def _scale_rows(x: Tensor, norm: Tensor) -> Tensor:
+    """``x`` with row ``u`` times ``norm[u]`` (DGL's ``feat_src * norm``)."""
+    return x * norm.to(x.dtype).reshape(norm.shape + (1,) * (x.dim() - 1))

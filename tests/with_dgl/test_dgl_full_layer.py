@@ -1,0 +1,83 @@
+"""Full layers: the source-side work of GraphConv / SAGEConv is done once per layer, exactly.
+
+On a full evaluation every batch of a layer reads the same stored table; the adapters
+derive ``c_out ⊙ x`` (times ``W`` when ``in > out``) or ``fc_neigh(x)`` from it once per
+layer (``LayerTableCache``), as DGL's full-graph forward does, and drop it after the
+layer's last batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
+
+from support import assert_exact  # noqa: E402
+from support.dgl_models import DGL, build  # noqa: E402
+from support.exactness import D_IN  # noqa: E402
+
+from hopserve import LayerwiseEvaluator  # noqa: E402
+from hopserve.worker.convs.dgl_conv import LayerTableCache  # noqa: E402
+
+pytestmark = pytest.mark.dgl
+
+
+@pytest.fixture
+def table_builds(monkeypatch):
+    """Counts the derived tables built (cache misses) during a test."""
+    builds: list[tuple[int, ...]] = []
+    real = LayerTableCache.get
+
+    def spy(self, x, key, batch, make):
+        def counted():
+            t = make()
+            builds.append(tuple(t.shape))
+            return t
+
+        return real(self, x, key, batch, counted)
+
+    monkeypatch.setattr(LayerTableCache, "get", spy)
+    return builds
+
+
+@pytest.mark.parametrize("family", ["gcn_both", "gcn_left", "sage_mean", "sage_gcn"])
+def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_builds):
+    edge_index, x, store = medium_graph
+    model = build(family, D_IN, seed=2)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
+    table_builds.clear()  # the evaluator's load-time self-check runs a small graph
+    assert_exact(ev.evaluate(), DGL.forward(model, edge_index, x), f"{family} full")
+    stats = ev.last_stats
+    many = [ly.layer for ly in stats.layers if ly.gather_free and ly.batches > 1]
+    assert many, "expected gather-free layers of several batches"
+    # GraphConv: every gather-free layer builds one table; SAGEConv only its in > out one.
+    expected = len(many) if family.startswith("gcn") else 1
+    assert len(table_builds) == expected, (table_builds, many)
+    if family.startswith("sage"):
+        assert table_builds == [(store.num_nodes, 5)]  # fc_neigh(x): 16 -> 5, once
+
+
+@pytest.mark.parametrize("family", ["gcn_both", "sage_mean"])
+def test_layer_tables_are_dropped_and_follow_weight_updates(family, medium_graph):
+    edge_index, x, store = medium_graph
+    model = build(family, D_IN, seed=3)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
+    ev.evaluate()
+    caches = [a._tables for a in ev.split.adapters.values() if hasattr(a, "_tables")]
+    assert caches and all(c._entry is None for c in caches)  # nothing kept after the run
+    with torch.no_grad():  # an in-place weight update (load_state_dict does the same)
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert_exact(ev.evaluate(), DGL.forward(model, edge_index, x), f"{family} updated")
+
+
+def test_partial_and_full_agree_on_graphconv(medium_graph):
+    """Partial evaluation (gathered sources, per-edge weights) and full layers agree."""
+    edge_index, x, store = medium_graph
+    model = build("gcn_both", D_IN, seed=4)
+    want = DGL.forward(model, edge_index, x)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
+    ids = torch.tensor([2999, 0, 17, 1500, 42])
+    assert_exact(ev.evaluate(targets=ids), want[ids], "gcn partial")
+    assert_exact(ev.evaluate(), want, "gcn full")
