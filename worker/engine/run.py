@@ -16,6 +16,7 @@ split, the batch sizers that keep learning, the prefetch thread).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -29,6 +30,7 @@ from torch import Tensor
 from hopserve.proto.contract import LayerStats, RunStats
 from hopserve.worker.engine.batch import PreparedBatch, prepare
 from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
+from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.engine.storage import TierAllocator
 from hopserve.worker.graph.planner import LayerFrontier, Plan
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
@@ -57,6 +59,14 @@ class RunContext:
     pool: ThreadPoolExecutor | None  # prefetch thread, or None
     copy_stream: torch.cuda.Stream | None
     progress: bool | None
+    device_graph: DeviceGraph | None = None  # the graph's device copy, when resident
+    device_tier_fraction: float = 0.5
+
+    @property
+    def resident(self) -> DeviceGraph | None:
+        """The device copy of *this* run's graph, or ``None`` (e.g. a self-check's probe)."""
+        dg = self.device_graph
+        return dg if dg is not None and dg.serves(self.graph) else None
 
 
 class LayerwiseRun:
@@ -84,7 +94,12 @@ class LayerwiseRun:
         self.stats = stats
         self.final_positions = final_positions
         self.show_progress = show_progress
-        self.allocator = TierAllocator(ctx.device, ctx.host_memory_budget_bytes, ctx.spill_dir)
+        self.allocator = TierAllocator(
+            ctx.device,
+            ctx.host_memory_budget_bytes,
+            ctx.spill_dir,
+            device_fraction=ctx.device_tier_fraction,
+        )
         self.stored: dict[str, tuple[Tensor, Tensor | None]] = {}  # name -> (rows, their ids)
         self.peak = PeakMemory(ctx.device)
 
@@ -168,7 +183,9 @@ class LayerwiseRun:
             ):
                 return False
             if spec.producer == FEATURES:
-                table, rows = self.ctx.graph.features, None
+                resident = self.ctx.resident
+                table = resident.features if resident is not None else self.ctx.graph.features
+                rows = None
             else:
                 table, rows = self.stored[spec.name]
             if rows is not None or table.device != self.ctx.device or table.dtype != torch.float32:
@@ -201,26 +218,46 @@ class LayerwiseRun:
             gather_free=gather_free,
             device=ctx.device,
             copy_stream=ctx.copy_stream,
+            resident=ctx.resident,
         )
 
-        def submit(start: int) -> Future | functools.partial:
-            """Prepare rows from ``start`` now on the prefetch thread, or lazily."""
+        def submit(start: int) -> tuple[Future | functools.partial, int]:
+            """Prepare rows from ``start`` now on the prefetch thread, or lazily; the job
+            and its row count."""
             end = sizer.next_end(cum, start)
             if ctx.pool is None:
-                return functools.partial(prep, start, end)
-            return ctx.pool.submit(prep, start, end)
+                return functools.partial(prep, start, end), end - start
+            return ctx.pool.submit(prep, start, end), end - start
 
         def result(job: Future | functools.partial) -> PreparedBatch:
             return job.result() if isinstance(job, Future) else job()
 
+        def halve(rows: int, where: str) -> None:
+            """Out of memory (preparing or computing ``rows`` rows): halve, free, redo."""
+            lstats.oom_halvings += 1
+            log.info(
+                "layer %d: batch of %d rows out of memory %s; halving", block.index, rows, where
+            )
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+            sizer.halve()
+
         start = 0
         out_row_bytes = 0  # learned from the first batch's outputs
         t = time.perf_counter()
-        job = submit(0) if count else None
+        job, rows = submit(0) if count else (None, 0)
         while start < count:
-            prepared = result(job)
+            try:
+                prepared = result(job)
+            except Exception as err:  # gathering on the device can run out of memory too
+                if not is_oom(err) or rows <= 1:
+                    raise
+                del job
+                halve(rows, "while preparing")
+                job, rows = submit(start)
+                continue
             stats.prepare_s += time.perf_counter() - t
-            nxt = submit(prepared.end) if prepared.end < count else None
+            nxt, nxt_rows = submit(prepared.end) if prepared.end < count else (None, 0)
             num_dst = prepared.end - prepared.start
             try:
                 outs = self._compute(block, prepared, out_row_bytes, lstats)
@@ -229,16 +266,14 @@ class LayerwiseRun:
                     if isinstance(nxt, Future):
                         nxt.cancel()
                     raise
-                lstats.oom_halvings += 1
-                log.info("layer %d: batch of %d rows out of memory; halving", block.index, num_dst)
                 del prepared
-                if ctx.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                sizer.halve()
-                if isinstance(nxt, Future):
-                    nxt.result()  # let the prefetch finish, then drop it
+                if isinstance(nxt, Future):  # let the prefetch finish (or fail), then drop it
+                    with contextlib.suppress(Exception):
+                        nxt.result()
+                del nxt
+                halve(num_dst, "while computing")
                 t = time.perf_counter()
-                job = submit(start)
+                job, rows = submit(start)
                 continue
             out_bytes = self._write(block, prepared, outs, outputs, positions, count)
             out_row_bytes = out_bytes // max(1, num_dst)
@@ -251,7 +286,7 @@ class LayerwiseRun:
             if bar is not None:
                 bar.update(num_dst)
             start = prepared.end
-            job = nxt
+            job, rows = nxt, nxt_rows
             t = time.perf_counter()
 
     def _compute(
@@ -347,7 +382,9 @@ def evaluate_plan(
     else:
         pos = row_positions(final_rows, storage_targets, "the last layer's frontier V^L")
         out = final.index_select(0, pos.to(final.device))
-    out = out.cpu() if out.device.type != "cpu" else out
+    if out.device.type != "cpu":  # one DMA into page-locked memory, not a staged copy
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        out = host.copy_(out)
     stats.write_out_s += time.perf_counter() - t
     stats.total_s = time.perf_counter() - started
     stats.device = str(ctx.device)

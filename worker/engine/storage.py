@@ -47,8 +47,13 @@ class TierAllocator:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             if nbytes <= self.device_fraction * free:
-                self.tiers[name] = "device"
-                return torch.empty(shape, dtype=dtype, device=self.device)
+                try:
+                    t = torch.empty(shape, dtype=dtype, device=self.device)
+                except torch.cuda.OutOfMemoryError:  # free memory is shared: fall back to host
+                    log.info("%s: %d bytes did not fit on %s; host tier", name, nbytes, self.device)
+                else:
+                    self.tiers[name] = "device"
+                    return t
         if self.host_used + nbytes <= self.host_budget_bytes:
             self.host_used += nbytes
             self.tiers[name] = "host"

@@ -43,6 +43,9 @@ def split_model(
     traced = trace_model(model)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    # The probe runs where the model's weights are (a worker moves it to its GPU first).
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    x, ei = x.to(device), ei.to(device)
     try:
         with fresh_conv_caches(model):
             facts, _ = probe_facts(traced, x, ei)

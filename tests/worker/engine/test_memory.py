@@ -89,19 +89,31 @@ def test_no_prefetch_gives_same_result(graph):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_oom_halving(graph):
-    edge_index, x = graph
-    model = build("sage_mean", 6)
+def test_cuda_oom_halving_with_a_real_out_of_memory_error():
+    """With 32 MiB of device memory left, the first batch (the whole graph, ~50 MiB of
+    indices and inputs) raises a real CUDA OOM; halving finds sizes that fit, rows exact."""
+    n, d = 50_000, 64
+    edge_index = random_edge_index(n, 2_000_000, seed=7)
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(8))
+    model = build("sage_mean", d)
+    with torch.no_grad():
+        want = model(x, edge_index)
     store = GraphStore.from_edge_index(edge_index, x)
-    ev = LayerwiseEvaluator(model, store, device="cuda", init_batch_nodes=1 << 20)
+    ev = LayerwiseEvaluator(
+        model, store, device="cuda", init_batch_nodes=1 << 20, graph_on_device=False,
+        progress=False,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
-    hog = torch.empty(int(free * 0.97), dtype=torch.uint8, device="cuda")
+    hog = torch.empty(free - (32 << 20), dtype=torch.uint8, device="cuda")
     try:
         got = ev.evaluate()
     finally:
         del hog
-    with torch.no_grad():
-        assert_exact(got, model(x, edge_index), "cuda oom halving")
+        torch.cuda.empty_cache()
+    assert ev.last_stats.oom_halvings > 0
+    assert_exact(got, want, "cuda oom halving")
 
 
 def test_thresholds_stay_bounded_in_a_long_lived_evaluator(graph):

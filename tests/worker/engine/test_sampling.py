@@ -10,6 +10,8 @@ it is not a destination of the request.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from support import assert_exact
@@ -121,6 +123,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_cuda_sampled_equals_oracle(family, medium_graph):
     edge_index, x, store = medium_graph
     model = build(family, D_IN, seed=3)
-    ev = LayerwiseEvaluator(model, store, device="cuda", init_batch_nodes=97, progress=False)
+    # The evaluator moves the model it gets to its device; the oracle runs a CPU copy.
+    on_gpu = copy.deepcopy(model)
+    ev = LayerwiseEvaluator(on_gpu, store, device="cuda", init_batch_nodes=97, progress=False)
     targets = torch.tensor([2999, 0, 17, 1500])
     check(model, store, x, [4, 2, 3], 1, targets, f"{family} on cuda", ev=ev)
