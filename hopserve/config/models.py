@@ -271,6 +271,14 @@ class EngineConfig(_Section):
     """Overlap gathering the next batch's inputs with the current batch's compute
     (default: on for CUDA, off on CPU where the thread competes with compute)."""
 
+    graph_on_device: bool | None = None
+    """Keep the graph's CSC and features on the GPU, uploaded once per graph version
+    (default: when they take at most 40% of the free device memory; CPU: ignored)."""
+
+    device_tier_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Share of free device memory one stored layer output may take on the GPU before it
+    goes to pinned host memory (0: every layer output on the host)."""
+
     def settings(self) -> EngineSettings:
         """As the evaluator's :class:`~hopserve.worker.engine.settings.EngineSettings`."""
         return EngineSettings(
@@ -282,6 +290,8 @@ class EngineConfig(_Section):
             else int(self.host_memory_budget_bytes),
             spill_dir=None if self.spill_dir is None else str(self.spill_dir),
             prefetch=self.prefetch,
+            graph_on_device=self.graph_on_device,
+            device_tier_fraction=self.device_tier_fraction,
         )
 
 

@@ -75,6 +75,7 @@ class GCNAdapter(ConvAdapter):
         self._graph_loops: Tensor | None = None  # [N] self-loops per node (None: no loops)
         self._sampled_loops: OrderedDict[Sampling, Tensor] = OrderedDict()
         self._sample_lock = threading.Lock()
+        self._device_weights: dict[tuple[str, str], Tensor] = {}  # per graph, see prepare
 
     def prepare(self, graph) -> None:  # graph: GraphStore
         key = (id(graph), getattr(graph, "version", None))
@@ -90,6 +91,7 @@ class GCNAdapter(ConvAdapter):
         self._graph_loops = None
         with self._sample_lock:
             self._sampled_loops.clear()
+            self._device_weights.clear()
         if not conv.normalize:
             self._edge_weight, self._loop_weight = None, None
         elif conv.add_self_loops:
@@ -127,10 +129,28 @@ class GCNAdapter(ConvAdapter):
         if self._samples_graph(batch):
             return self._sampled_adjacency(batch, dtype)
         device = batch.src_index.device
-        w = self._edge_weight.to(device)[batch.edge_ids]
+        w = self._weights_on(device, "edge")[batch.edge_ids]
         if self._loop_weight is None:
             return batch.adj_t(values=w.to(dtype))
-        return _one_loop_each(batch, w, self._loop_weight.to(device)[batch.dst_nodes], dtype)
+        loop_w = self._weights_on(device, "loop")
+        if batch.dst_start is not None:  # a contiguous run of destinations: a view
+            loop_w = loop_w[batch.dst_start : batch.dst_start + batch.num_dst]
+        else:
+            loop_w = loop_w[batch.dst_nodes]
+        return _one_loop_each(batch, w, loop_w, dtype)
+
+    def _weights_on(self, device: torch.device, which: str) -> Tensor:
+        """The edge (``"edge"``) or self-loop (``"loop"``) weights on ``device``, copied
+        there once per graph (not once per batch)."""
+        host = self._edge_weight if which == "edge" else self._loop_weight
+        if device.type == "cpu":
+            return host
+        key = (which, str(device))
+        with self._sample_lock:
+            cached = self._device_weights.get(key)
+            if cached is None:
+                cached = self._device_weights[key] = host.to(device)
+        return cached
 
     def _source_stats(self, sampling: Sampling, nodes: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`G_l` in-degree and self-loop count of storage ``nodes`` (CPU int64)."""
@@ -205,24 +225,27 @@ def _one_loop_each(batch: LayerBatch, w: Tensor, loop_w: Tensor, dtype: torch.dt
     """``[B, n_src]`` CSR: the batch's non-loop edges weighted ``w``, one loop per destination.
 
     Existing self-loops are dropped; destination ``i`` gets the loop ``(i, i)`` weighted
-    ``loop_w[i]`` (PyG's ``add_remaining_self_loops``).
+    ``loop_w[i]`` (PyG's ``add_remaining_self_loops``), placed last in its row. Rows are
+    already grouped (CSC order), so every entry's position is computed, not sorted: a kept
+    edge moves up by its row index (one loop before it per earlier row), O(E).
     """
     device = batch.src_index.device
     n_dst = batch.num_dst
     dst = batch.dst_index
     keep = batch.src_index != dst
-    loops = torch.arange(n_dst, device=device)
-    rows = torch.cat([dst[keep], loops])
-    cols = torch.cat([batch.src_index[keep], loops])
-    vals = torch.cat([w[keep], loop_w])
-    order = torch.argsort(rows, stable=True)
-    counts = torch.bincount(rows, minlength=n_dst)
+    kept_dst = dst[keep]
+    counts = torch.bincount(kept_dst, minlength=n_dst) + 1
     indptr = torch.zeros(n_dst + 1, dtype=torch.long, device=device)
     torch.cumsum(counts, 0, out=indptr[1:])
+    total = int(kept_dst.numel()) + n_dst
+    cols = torch.empty(total, dtype=torch.long, device=device)
+    vals = torch.empty(total, dtype=dtype, device=device)
+    edge_pos = torch.arange(kept_dst.numel(), device=device) + kept_dst
+    loop_pos = indptr[1:] - 1
+    cols[edge_pos] = batch.src_index[keep]
+    vals[edge_pos] = w[keep].to(dtype)
+    cols[loop_pos] = torch.arange(n_dst, device=device)
+    vals[loop_pos] = loop_w.to(dtype)
     return torch.sparse_csr_tensor(
-        indptr,
-        cols[order],
-        vals[order].to(dtype),
-        size=(n_dst, batch.num_src),
-        check_invariants=False,
+        indptr, cols, vals, size=(n_dst, batch.num_src), check_invariants=False
     )

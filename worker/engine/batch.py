@@ -9,6 +9,7 @@ CUDA, issues their copies on a side stream.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import LayerBatch, Sampling
+from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.graph.planner import LayerFrontier, segment_positions
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
 from hopserve.worker.trace.splitter import SRC
@@ -35,16 +37,34 @@ def _tensor(a: np.ndarray) -> Tensor:
 
 
 def build_batch(
-    graph, frontier: LayerFrontier, start: int, end: int, layer: int, global_src: bool = False
+    graph,
+    frontier: LayerFrontier,
+    start: int,
+    end: int,
+    layer: int,
+    global_src: bool = False,
+    resident: DeviceGraph | None = None,
 ) -> LayerBatch:
     """The block of rows ``start:end`` of ``frontier`` (layer 0 = no edges).
 
     With ``global_src`` the sources stay storage ids (no renumbering, no gather): the
     block reads the stored node table directly. A sampled frontier with a fanout ``>= 0``
     marks the block with its :class:`~hopserve.worker.convs.base.Sampling` (layer, fanout,
-    seed), so adapters can take degree statistics from the sampled graph.
+    seed), so adapters can take degree statistics from the sampled graph. With the graph
+    ``resident`` on the GPU, a block of a full layer is built there from slices of the
+    device CSC (nothing built on the host, nothing copied; with global sources, nothing
+    more than the slices).
     """
-    dst = torch.arange(start, end) if frontier.nodes is None else _tensor(frontier.nodes[start:end])
+    on_device = (
+        resident is not None and frontier.nodes is None and not frontier.sampled and layer > 0
+    )
+    if on_device and global_src:
+        return _resident_block(graph, resident, start, end, layer)
+    device = resident.indices.device if on_device else torch.device("cpu")
+    if frontier.nodes is None:
+        dst = torch.arange(start, end, device=device)
+    else:
+        dst = _tensor(frontier.nodes[start:end])
     num_dst = int(dst.numel())
     if layer == 0:
         empty = torch.empty(0, dtype=torch.long)
@@ -59,6 +79,11 @@ def build_batch(
         src = _tensor(frontier.indices[a:b])
         edge_ids = _tensor(frontier.edge_ids[a:b])
         indptr = _tensor(ptr[start : end + 1] - a)
+    elif on_device:
+        a, b = int(graph.indptr[start]), int(graph.indptr[end])  # host copy: no device sync
+        src = resident.indices[a:b]
+        edge_ids = torch.arange(a, b, device=device)
+        indptr = resident.indptr[start : end + 1] - a
     elif frontier.nodes is None:
         a, b = int(graph.indptr[start]), int(graph.indptr[end])
         src = graph.indices[a:b].long()
@@ -100,6 +125,22 @@ def build_batch(
     )
 
 
+def _resident_block(graph, resident: DeviceGraph, start: int, end: int, layer: int) -> LayerBatch:
+    """Rows ``start:end`` of a full layer as views of the device CSC (global sources)."""
+    a, b = int(graph.indptr[start]), int(graph.indptr[end])  # host copy: no device sync
+    device = resident.indices.device
+    return LayerBatch(
+        torch.arange(start, end, device=device),
+        end - start,
+        resident.indptr[start : end + 1] - a,
+        resident.indices[a:b],
+        torch.arange(a, b, device=device),
+        layer,
+        global_src_size=graph.num_nodes,
+        dst_start=start,
+    )
+
+
 def _unique_inverse(ids: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     """Sorted unique ``ids`` and each id's position in them.
 
@@ -108,11 +149,11 @@ def _unique_inverse(ids: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     """
     if ids.numel() == 0 or num_nodes > 32 * ids.numel():
         return torch.unique(ids, return_inverse=True)
-    seen = torch.zeros(num_nodes, dtype=torch.bool)
+    seen = torch.zeros(num_nodes, dtype=torch.bool, device=ids.device)
     seen[ids] = True
     uniq = seen.nonzero().squeeze(1)
-    local = torch.empty(num_nodes, dtype=torch.long)
-    local[uniq] = torch.arange(uniq.numel())
+    local = torch.empty(num_nodes, dtype=torch.long, device=ids.device)
+    local[uniq] = torch.arange(uniq.numel(), device=ids.device)
     return uniq, local[ids]
 
 
@@ -159,23 +200,50 @@ def prepare(
     gather_free: bool,
     device: torch.device,
     copy_stream: torch.cuda.Stream | None,
+    resident: DeviceGraph | None = None,
 ) -> PreparedBatch:
     """Build the block of rows ``start:end`` and gather its inputs.
 
     ``stored`` maps a value name to (tensor, its rows: ascending storage ids or ``None``
     for all nodes). Gather-free source inputs are the whole tables (no copy, no account).
-    On CUDA the block and inputs are copied on ``copy_stream`` and ``event`` marks the end.
+    On CUDA the block is built, gathered and copied on ``copy_stream`` (so it overlaps the
+    previous batch's compute) and ``event`` marks the end; feature rows come from the
+    ``resident`` device copy of the graph when there is one.
     """
-    batch = build_batch(graph, frontier, start, end, block.index, global_src=gather_free)
+    on_stream = torch.cuda.stream(copy_stream) if copy_stream is not None else nullcontext()
+    with on_stream:
+        return _prepare(
+            graph, split, block, frontier, start, end, stored, gather_free, device, resident,
+            copy_stream,
+        )  # fmt: skip
+
+
+def _prepare(
+    graph,
+    split: ModelSplit,
+    block: ConvBlock,
+    frontier: LayerFrontier,
+    start: int,
+    end: int,
+    stored: dict[str, tuple[Tensor, Tensor | None]],
+    gather_free: bool,
+    device: torch.device,
+    resident: DeviceGraph | None,
+    copy_stream: torch.cuda.Stream | None,
+) -> PreparedBatch:
+    batch = build_batch(
+        graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
+    )
+    features = resident.features if resident is not None else graph.features
     inputs, nbytes = [], 0
     for spec in block.inputs:
         if gather_free and spec.rows == SRC:  # the whole node table, no copy
-            table = graph.features if spec.producer == FEATURES else stored[spec.name][0]
+            table = features if spec.producer == FEATURES else stored[spec.name][0]
             inputs.append(table)
             continue
         ids = batch.src_nodes if spec.rows == SRC else batch.dst_nodes
         if spec.producer == FEATURES:
-            t = graph.features.index_select(0, ids)
+            t = features.index_select(0, ids.to(features.device, non_blocking=True))
             if t.dtype == torch.float16:
                 t = t.float()
         else:
@@ -199,14 +267,13 @@ def prepare(
     per_edge = max((split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0)
     nbytes += batch.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
     prepared = PreparedBatch(start, end, batch, inputs, nbytes)
-    if copy_stream is not None:
-        with torch.cuda.stream(copy_stream):
-            prepared.batch = batch.to(device, non_blocking=True)
-            prepared.inputs = [
-                t if t.device == device else t.pin_memory().to(device, non_blocking=True)
-                for t in inputs
-            ]
-            event = torch.cuda.Event()
-            event.record(copy_stream)
-            prepared.event = event
+    if copy_stream is not None:  # we are on copy_stream (see prepare)
+        prepared.batch = batch.to(device, non_blocking=True)
+        prepared.inputs = [
+            t if t.device == device else t.pin_memory().to(device, non_blocking=True)
+            for t in inputs
+        ]
+        event = torch.cuda.Event()
+        event.record(copy_stream)
+        prepared.event = event
     return prepared

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from hopserve.proto.contract import BlockInfo, RunStats, validate_fanouts
 from hopserve.worker.engine.batching import BatchSizer
+from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.engine.self_check import check_split
 from hopserve.worker.engine.settings import INIT_BATCH_NODES
@@ -58,8 +59,8 @@ class LayerwiseEvaluator:
         graph: a :class:`~hopserve.worker.graph.GraphStore`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, …
         memory_budget_bytes, host_memory_budget_bytes, spill_dir, prefetch,
-            init_batch_nodes: see :class:`~.settings.EngineSettings` (``None`` = the
-            device's default).
+            init_batch_nodes, graph_on_device, device_tier_fraction: see
+            :class:`~.settings.EngineSettings` (``None`` = the device's default).
         progress: show a progress bar for full evaluation (default: when on a TTY).
         self_check: compare layer-wise and full-graph results on a probe graph at load.
 
@@ -82,6 +83,8 @@ class LayerwiseEvaluator:
         prefetch: bool | None = None,
         progress: bool | None = None,
         init_batch_nodes: int = INIT_BATCH_NODES,
+        graph_on_device: bool | None = None,
+        device_tier_fraction: float = 0.5,
         self_check: bool = True,
     ) -> None:
         self.device = torch.device(device)
@@ -99,6 +102,11 @@ class LayerwiseEvaluator:
         self.prefetch = default_prefetch(self.device) if prefetch is None else bool(prefetch)
         self.progress = progress
         self.init_batch_nodes = init_batch_nodes
+        self.graph_on_device = graph_on_device
+        if not 0.0 <= device_tier_fraction <= 1.0:
+            raise ValueError(f"device_tier_fraction must be in [0, 1], got {device_tier_fraction}")
+        self.device_tier_fraction = float(device_tier_fraction)
+        self._device_graph: DeviceGraph | None = None
         self.last_stats: RunStats | None = None
         self._lock = threading.Lock()
         self._sizers: dict[int, BatchSizer] = {}
@@ -117,6 +125,7 @@ class LayerwiseEvaluator:
             )
         for adapter in self.split.adapters.values():  # whole-graph statistics, load-time refusals
             adapter.prepare(graph)
+        self._resident_graph()  # upload at load, not on the first request
 
     # ------------------------------------------------------------------ schema
     @property
@@ -128,6 +137,11 @@ class LayerwiseEvaluator:
     def reads_input_frontier(self) -> bool:
         """Whether plans need ``V^0`` (only a node-wise block 0 reads it)."""
         return any(b.index == 0 for b in self.split.blocks)
+
+    @property
+    def graph_resident(self) -> bool:
+        """Whether the graph's CSC and features are on the device (``graph_on_device``)."""
+        return self._device_graph is not None and self._device_graph.serves(self.graph)
 
     def describe(self) -> str:
         """The ConvBlock schema, one line per block."""
@@ -226,6 +240,17 @@ class LayerwiseEvaluator:
             self._pool.shutdown(wait=True)
 
     # ------------------------------------------------------------------ internals
+    def _resident_graph(self) -> DeviceGraph | None:
+        """The graph's device copy under the ``graph_on_device`` policy (re-uploaded when
+        the store's version changed)."""
+        dg = self._device_graph
+        if dg is not None and dg.serves(self.graph):
+            return dg
+        self._device_graph = None  # free the stale copy before uploading the new one
+        if DeviceGraph.wanted(self.graph, self.device, self.graph_on_device):
+            self._device_graph = DeviceGraph.upload(self.graph, self.device)
+        return self._device_graph
+
     def _context(self) -> RunContext:
         return RunContext(
             graph=self.graph,
@@ -238,6 +263,8 @@ class LayerwiseEvaluator:
             pool=self._pool,
             copy_stream=self._copy_stream,
             progress=self.progress,
+            device_graph=self._resident_graph(),
+            device_tier_fraction=self.device_tier_fraction,
         )
 
     def _sizer(self, block: ConvBlock, target_bytes: float) -> BatchSizer:

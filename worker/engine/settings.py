@@ -49,6 +49,12 @@ class EngineSettings:
     CUDA, where copies overlap compute; off on CPU, where the thread competes with it)."""
     init_batch_nodes: int = INIT_BATCH_NODES
     """First node threshold of a layer's batches."""
+    graph_on_device: bool | None = None
+    """Keep the graph's CSC and features on the GPU, uploaded once per graph version
+    (default: when they take at most 40% of the free device memory; CPU: ignored)."""
+    device_tier_fraction: float = 0.5
+    """Share of free device memory one stored layer output may take on the GPU before it
+    goes to (pinned) host memory; 0 keeps every layer output on the host."""
 
     def kwargs(self) -> dict[str, object]:
         """As keyword arguments of :class:`~.evaluator.LayerwiseEvaluator`."""

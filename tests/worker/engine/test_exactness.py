@@ -37,11 +37,20 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.cuda
+@pytest.mark.parametrize("resident", [True, False], ids=["graph-on-device", "graph-on-host"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_cuda_matches_forward(family, medium_graph):
+def test_cuda_matches_forward(family, resident, medium_graph):
     edge_index, x, store = medium_graph
     model = build(family, D_IN, seed=3)
     want = PYG.forward(model, edge_index, x)
-    ev = LayerwiseEvaluator(model, store, device="cuda", init_batch_nodes=97, progress=False)
+    ev = LayerwiseEvaluator(
+        model,
+        store,
+        device="cuda",
+        init_batch_nodes=97,
+        graph_on_device=resident,
+        progress=False,
+    )
+    assert ev.graph_resident is resident
     targets = torch.tensor([2999, 0, 17, 1500])
     assert_full_and_partial(ev, want, targets, family, " on cuda")
