@@ -45,8 +45,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def evaluator_options(args: argparse.Namespace) -> dict[str, Any]:
     """``LayerwiseEvaluator`` keyword arguments from :func:`add_engine_args`' options:
-    ``args.device``, a CPU batch budget of ``args.budget_mb`` MiB, no progress bars."""
-    return {"device": args.device, "progress": False, "memory_budget_bytes": args.budget_mb << 20}
+    ``args.device``, a CPU batch budget of ``args.budget_mb`` MiB (a GPU sizes its batches
+    from its free memory), no progress bars."""
+    budget = args.budget_mb << 20 if args.device == "cpu" else None
+    return {"device": args.device, "progress": False, "memory_budget_bytes": budget}
 
 
 def add_load_args(p: argparse.ArgumentParser, *, duration: float = 10.0) -> None:
