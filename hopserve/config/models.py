@@ -188,6 +188,12 @@ class ServerConfig(_Section):
     """Remote worker addresses ``"host:port"``; empty runs one embedded in-process worker.
     A comma-separated string is accepted too (handy in environment overrides)."""
 
+    local_workers: Annotated[int, Field(ge=0, le=64)] = 0
+    """Worker processes the front-end starts and supervises on this host (``hopserve serve
+    --workers N``): each its own interpreter (compute leaves the front-end's GIL), reached
+    over a Unix socket in a private directory, the graph store shared through the page
+    cache; a crashed one is restarted. 0: one in-process worker per device."""
+
     @field_validator("workers", mode="before")
     @classmethod
     def _split_workers(cls, value: Any) -> Any:
@@ -207,6 +213,11 @@ class ServerConfig(_Section):
     def _distinct_ports(self) -> ServerConfig:
         if self.metrics_port == self.port:
             raise ValueError(f"metrics_port must differ from port (both are {self.port})")
+        if self.local_workers and self.workers:
+            raise ValueError(
+                f"local_workers ({self.local_workers}) and workers ({', '.join(self.workers)}) "
+                "exclude each other: the front-end either starts its workers or connects to them"
+            )
         return self
 
 
