@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
@@ -224,14 +225,22 @@ class ServerConfig(_Section):
 class CacheConfig(_Section):
     """The embedding cache in front of the workers."""
 
-    backend: Literal["auto", "redis", "memory", "none"] = "auto"
+    backend: Literal["auto", "redis", "memory", "none", "redis-cluster"] = "auto"
     """``"redis"``: Redis at ``redis_url`` (keeps trying if it is down); ``"memory"``:
     in-process LRU; ``"none"``: no caching; ``"auto"``: Redis if it answers a PING at
-    start-up, else the in-process LRU."""
+    start-up, else the in-process LRU; ``"redis-cluster"``: the Redis Cluster that
+    ``redis_url`` (one of its nodes) and ``redis_cluster_nodes`` belong to."""
 
     redis_url: SecretUrl = SecretUrl("redis://127.0.0.1:6379/0")
     """Redis URL (``redis://[[user]:password@]host:port/db``, ``rediss://`` or
-    ``unix://``). Secret-bearing: shown with its password redacted everywhere."""
+    ``unix://``). Secret-bearing: shown with its password redacted everywhere. With
+    ``backend: redis-cluster``: one node of the cluster, whose user, password and TLS
+    (``rediss://``) apply to every node; no database but 0, no ``unix://``."""
+
+    redis_cluster_nodes: list[Address] = Field(default_factory=list)
+    """More nodes of the Redis Cluster (``host:port``), tried in turn when the node of
+    ``redis_url`` does not answer while the cluster's layout is discovered; the client
+    then learns every node from the cluster itself. Only with ``backend: redis-cluster``."""
 
     ttl_s: Annotated[int, Field(ge=0, le=365 * 24 * 3600)] = 3600
     """Expiry of each cached embedding in seconds; 0 means no expiry (then run Redis with
@@ -258,6 +267,36 @@ class CacheConfig(_Section):
     so that whoever can write to Redis cannot forge a row; every front-end sharing the
     Redis needs the same key. ``None``: an unkeyed checksum, which still refuses corrupted,
     truncated, misplaced and non-finite values."""
+
+    @field_validator("redis_cluster_nodes")
+    @classmethod
+    def _unique_nodes(cls, value: list[str]) -> list[str]:
+        duplicates = sorted({n for n in value if value.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate node address(es): {', '.join(duplicates)}")
+        return value
+
+    @model_validator(mode="after")
+    def _cluster_settings(self) -> CacheConfig:
+        if self.backend != "redis-cluster":
+            if self.redis_cluster_nodes:
+                raise ValueError(
+                    "redis_cluster_nodes is only used with backend: redis-cluster "
+                    f"(backend is {self.backend!r})"
+                )
+            return self
+        url = urlsplit(self.redis_url.get_secret_value())
+        if url.scheme not in ("redis", "rediss"):
+            raise ValueError(
+                "with backend: redis-cluster, redis_url must be redis:// or rediss:// "
+                f"(a cluster node; got {str(self.redis_url)!r})"
+            )
+        if url.path.strip("/") not in ("", "0"):
+            raise ValueError(
+                "with backend: redis-cluster, redis_url must name database 0 or none "
+                f"(a cluster has only database 0; got {str(self.redis_url)!r})"
+            )
+        return self
 
 
 class EngineConfig(_Section):

@@ -132,6 +132,29 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path, monkeypa
         ),
         ("cache: {redis_url: 'redis://h:port/0'}", "cache.redis_url: URL port is invalid"),
         ("cache: {key_prefix: 'a:b'}", "cache.key_prefix: must be 1-128 letters"),
+        (
+            "cache: {backend: redis-cluster, redis_cluster_nodes: ['h:1', 'nope']}",
+            "cache.redis_cluster_nodes[1]: must be 'host:port'",
+        ),
+        (
+            "cache: {backend: redis-cluster, redis_cluster_nodes: ['h:1', 'h:1']}",
+            "cache.redis_cluster_nodes: duplicate node address(es): h:1",
+        ),
+        (
+            "cache: {backend: redis-cluster, redis_url: 'unix:///run/redis.sock'}",
+            "cache: with backend: redis-cluster, redis_url must be redis:// or rediss:// "
+            "(a cluster node; got 'unix:///run/redis.sock')",
+        ),
+        (  # the password stays redacted in the error
+            "cache: {backend: redis-cluster, redis_url: 'redis://:pw@h:1/3'}",
+            "must name database 0 or none (a cluster has only database 0; got "
+            "'redis://:***@h:1/3')",
+        ),
+        (
+            "cache: {backend: redis, redis_cluster_nodes: ['h:1']}",
+            "cache: redis_cluster_nodes is only used with backend: redis-cluster "
+            "(backend is 'redis')",
+        ),
         ("engine: {memory_budget_bytes: 1KiB}", "engine.memory_budget_bytes: Input should be"),
         ("engine: {memory_budget_bytes: lots}", "engine.memory_budget_bytes: could not parse"),
         ("logging: {level: LOUD}", "logging.level: Input should be 'DEBUG'"),
@@ -331,3 +354,21 @@ def test_config_is_frozen_and_lookup_by_name(tmp_path: Path) -> None:
         config.model("nope")
     with pytest.raises(ValueError):
         config.server.port = 1  # type: ignore[misc]
+
+
+def test_redis_cluster_cache(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            """
+            cache:
+              backend: redis-cluster
+              redis_url: rediss://:pw@10.0.0.1:7000
+              redis_cluster_nodes: ["10.0.0.2:7000", "[fd00::3]:7000"]
+            """,
+        ),
+        env={},
+    )
+    assert config.cache.backend == "redis-cluster"
+    assert config.cache.redis_cluster_nodes == ["10.0.0.2:7000", "[fd00::3]:7000"]
+    assert "pw" not in str(config.model_dump())
