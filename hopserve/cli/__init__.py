@@ -46,7 +46,7 @@ def _root(
 
 
 # Command modules register themselves on `app` when imported.
-from hopserve.cli import demo, graph, loadtest, query, security, serve, worker  # noqa: E402,F401
+from hopserve.cli import demo, embed, graph, loadtest, query, security, serve, worker  # noqa: E402,F401
 
 
 def main() -> None:
