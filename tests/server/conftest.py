@@ -7,10 +7,14 @@
   ``stop()``, ``start()`` (same port), ``pause()`` or ``resume()``.
 - ``redis_factory`` (function scope): starts more private servers, e.g. with a password.
 - ``unused_redis_url``: a URL where nothing listens.
+- ``redis_cluster`` (function scope): the module's :class:`LocalRedisCluster` (3 masters,
+  1 replica each; ``redis_cluster_proc``), flushed before each test; never kill its nodes.
+- ``redis_cluster_factory`` (function scope): ``redis_cluster_factory(replicas=1)``
+  starts a private cluster this test may kill masters of.
 
 Servers listen on 127.0.0.1 on a free port with persistence off; the machine's own Redis
-(6379) is never touched. Tests that need Redis are skipped only if ``redis-server`` is
-not installed.
+(6379) is never touched. Tests that need Redis are skipped only if ``redis-server`` (and,
+for a cluster, ``redis-cli``) is not installed.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from hopserve.testing import RedisServer, free_port
+from hopserve.testing import LocalRedisCluster, RedisServer, free_port
 
 REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
 
 
 def start_redis(workdir: Path, password: str | None = None) -> RedisServer:
@@ -82,3 +87,44 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 def unused_redis_url() -> str:
     """A Redis URL on 127.0.0.1 where nothing listens (connections are refused)."""
     return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def start_redis_cluster(workdir: Path, **kwargs: object) -> LocalRedisCluster:
+    """Start a private Redis Cluster (skips the test if redis-server or redis-cli is not
+    installed); ``kwargs`` go to :class:`LocalRedisCluster`."""
+    if REDIS_SERVER is None or REDIS_CLI is None:
+        pytest.skip("redis-server and redis-cli are not installed (apt-get install redis)")
+    try:
+        return LocalRedisCluster(workdir, **kwargs).start()  # type: ignore[arg-type]
+    except RuntimeError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """One private Redis Cluster (3 masters, 1 replica each) for the module."""
+    cluster = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_proc: LocalRedisCluster) -> LocalRedisCluster:
+    """The module's Redis Cluster, flushed and with command stats reset."""
+    redis_cluster_proc.flushall()
+    return redis_cluster_proc
+
+
+@pytest.fixture
+def redis_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalRedisCluster]]:
+    """``redis_cluster_factory(**kwargs)`` starts a private cluster (see
+    :class:`LocalRedisCluster`) the test may kill nodes of; all stop at teardown."""
+    clusters: list[LocalRedisCluster] = []
+
+    def start(**kwargs: object) -> LocalRedisCluster:
+        clusters.append(start_redis_cluster(tmp_path / f"cluster{len(clusters)}", **kwargs))
+        return clusters[-1]
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
