@@ -372,7 +372,7 @@ def render_markdown() -> str:
         "- `kind`: " + ", ".join(f"`{k}`" for k in MEMORY_KINDS) + ".",
         "- `outcome` (requests): `ok` or the gRPC status code name in lower case.",
         "- `outcome` (worker jobs): `ok`, `error`, `oom`, `cancelled`, `timeout`.",
-        "- `backend`: `redis`, `memory`, `none`; `op`: `get`, `put`, `ping`.",
+        "- `backend`: `redis`, `redis-cluster`, `memory`, `none`; `op`: `get`, `put`, `ping`.",
         "- `reason` (cache rejected): `format`, `checksum`, `nonfinite`.",
         "- `layer`: 0-based layer (ConvBlock) index; `method`: the RPC method name.",
         "",

@@ -1,4 +1,5 @@
-"""Embedding cache of the front-end: Redis (shared, versioned keys), in-process LRU, none.
+"""Embedding cache of the front-end: Redis or Redis Cluster (shared, versioned keys),
+in-process LRU, none.
 
 Keys are ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}``, so a
 new model version, graph version or sampling variant can never be answered with an older
@@ -19,6 +20,7 @@ from hopserve.server.cache.factory import make_cache
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 from hopserve.server.cache.null import NullCache
 from hopserve.server.cache.redis_cache import RedisEmbeddingCache
+from hopserve.server.cache.redis_cluster import RedisClusterEmbeddingCache
 
 __all__ = [
     "CacheNamespace",
@@ -27,6 +29,7 @@ __all__ = [
     "EmbeddingCache",
     "MemoryEmbeddingCache",
     "NullCache",
+    "RedisClusterEmbeddingCache",
     "RedisEmbeddingCache",
     "make_cache",
 ]

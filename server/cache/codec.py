@@ -1,6 +1,8 @@
 """Keys and values as stored in the cache: versioned key strings, enveloped float32 rows.
 
-Key: ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}``.
+Key: ``{prefix}:{model}:{model_version}:{graph_version}:{variant}:{node_id}``; in a Redis
+Cluster ``{prefix}:{{model}:{model_version}:{graph_version}:{variant}:{bucket}}:{node_id}``
+(:func:`make_cluster_keys`: the part in braces is the hash tag).
 
 Value: an integrity envelope around one row (all little-endian)::
 
@@ -43,6 +45,7 @@ __all__ = [
     "as_rows",
     "decode_rows",
     "encode_rows",
+    "make_cluster_keys",
     "make_keys",
     "namespace_prefix",
 ]
@@ -74,6 +77,32 @@ def make_keys(prefix: str, namespace: CacheNamespace, node_ids: np.ndarray) -> l
     """One key per node id, in order."""
     head = namespace_prefix(prefix, namespace)
     return [head + str(i) for i in node_ids.tolist()]
+
+
+def make_cluster_keys(
+    prefix: str, namespace: CacheNamespace, node_ids: np.ndarray, buckets: int
+) -> list[str]:
+    """One Redis Cluster key per node id, in order, hash-tagged by namespace and bucket.
+
+    ``hopserve:{cora:1:g1:exact:17}:12345`` is node 12345 of bucket ``12345 % buckets``.
+    Redis Cluster hashes only the tag (the part in braces) to pick one of its 16384 slots,
+    so a namespace's rows live in at most ``buckets`` slots, and one lookup needs at most
+    ``buckets`` MGETs however many ids it has (an MGET must stay within one slot).
+
+    The trade-off is ``buckets``: fewer buckets mean fewer commands per lookup (each is
+    a slot lookup and a pack in redis-py, and a dispatch in Redis), more buckets spread a
+    namespace's rows and traffic more evenly over the masters (a master holds about
+    ``buckets / masters`` of them, give or take the square root) and make each slot, the
+    unit Redis moves when resharding, smaller. Every namespace (model, version, graph,
+    sampling variant) hashes to its own set of slots, so several of them even out.
+    The prefix stays outside the tag, so ``SCAN MATCH hopserve:*`` still finds the keys.
+    """
+    ns = namespace
+    head = f"{prefix}:{{{ns.model}:{ns.model_version}:{ns.graph_version}:{ns.variant}:"
+    return [
+        f"{head}{bucket}}}:{node}"
+        for node, bucket in zip(node_ids.tolist(), np.mod(node_ids, buckets).tolist(), strict=True)
+    ]
 
 
 def as_node_ids(node_ids: np.ndarray | Sequence[int]) -> np.ndarray:

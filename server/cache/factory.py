@@ -10,7 +10,9 @@ from hopserve.config.models import CacheConfig
 from hopserve.server.cache.base import CacheObserver, EmbeddingCache
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 from hopserve.server.cache.null import NullCache
+from hopserve.server.cache.redis_base import RedisBackedCache
 from hopserve.server.cache.redis_cache import RedisEmbeddingCache
+from hopserve.server.cache.redis_cluster import RedisClusterEmbeddingCache
 
 __all__ = ["make_cache", "read_integrity_key"]
 
@@ -26,6 +28,8 @@ async def make_cache(
 
     - ``"redis"``: a :class:`RedisEmbeddingCache`; if Redis does not answer a PING now it
       is still used: the outage is logged once and the cache recovers when Redis is up.
+    - ``"redis-cluster"``: a :class:`RedisClusterEmbeddingCache`, used like ``"redis"``
+      when the cluster does not answer now.
     - ``"auto"``: Redis if it answers a PING within ``redis_timeout_s``, otherwise a
       :class:`MemoryEmbeddingCache` (with an INFO line saying why).
     - ``"memory"``: a :class:`MemoryEmbeddingCache` of ``memory_max_entries`` rows.
@@ -36,21 +40,30 @@ async def make_cache(
         return NullCache(observer=observer)
     if config.backend == "memory":
         return _memory(config, observer, "cache.backend=memory")
-    cache = RedisEmbeddingCache(
-        config.redis_url,
-        ttl_s=config.ttl_s,
-        prefix=config.key_prefix,
-        timeout_s=config.redis_timeout_s,
-        backoff_s=config.redis_backoff_s,
-        max_connections=config.redis_max_connections,
-        integrity_key=read_integrity_key(config.integrity_key_file),
-        observer=observer,
-    )
+    common = {
+        "ttl_s": config.ttl_s,
+        "prefix": config.key_prefix,
+        "timeout_s": config.redis_timeout_s,
+        "backoff_s": config.redis_backoff_s,
+        "max_connections": config.redis_max_connections,
+        "integrity_key": read_integrity_key(config.integrity_key_file),
+        "observer": observer,
+    }
+    cache: RedisBackedCache
+    if config.backend == "redis-cluster":
+        try:
+            cache = RedisClusterEmbeddingCache(
+                config.redis_url, nodes=config.redis_cluster_nodes, **common
+            )
+        except ValueError as err:
+            raise ConfigError(f"cache.redis_url: {err}") from None
+    else:
+        cache = RedisEmbeddingCache(config.redis_url, **common)
     reason = await cache.check()
     if reason is None:
-        logger.info("embedding cache: Redis at %s (ttl %ds)", cache.url, config.ttl_s)
+        logger.info("embedding cache: %s at %s (ttl %ds)", cache.label, cache.where, config.ttl_s)
         return cache
-    if config.backend == "redis":
+    if config.backend in ("redis", "redis-cluster"):
         cache.mark_unavailable(f"no answer at start-up: {reason}")
         return cache
     await cache.close()
