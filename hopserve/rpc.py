@@ -95,12 +95,18 @@ def bind_port(
     port: int,
     credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[int, str]:
-    """Bind ``host:port`` (IPv6 hosts bracketed), TLS when ``credentials`` are given.
+    """Bind ``host:port`` (IPv6 hosts bracketed), TLS when ``credentials`` are given. A
+    ``host`` of ``"unix:PATH"`` binds that Unix domain socket (``port`` is ignored).
 
     Returns:
         ``(bound port, address)``; the port is 0 when it could not be bound (in use).
     """
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    if host.startswith("unix:"):
+        address = host
+    elif ":" in host and not host.startswith("["):
+        address = f"[{host}]:{port}"
+    else:
+        address = f"{host}:{port}"
     try:
         if credentials is None:
             return server.add_insecure_port(address), address

@@ -136,6 +136,8 @@ class Service:
             await self._publish(model)
         await self._health.set(SERVICE_NAME, _SERVING)
         await self._server.start()
+        if self._workers.pool is not None:
+            self._workers.pool.start()
         loop = asyncio.get_running_loop()
         if self._workers.local:
             self._tasks.append(loop.create_task(self._load_local(), name="hopserve-load"))
@@ -203,6 +205,8 @@ class Service:
             await dispatcher.close()
         for worker in self._workers.local.values():
             await asyncio.to_thread(worker.close)
+        if self._workers.pool is not None:
+            await self._workers.pool.stop(grace)
         await self.cache.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -303,6 +307,12 @@ class Service:
                     )
                     for entry in status.models:
                         reported[(entry.name, entry.version)] = entry
+            pool = self._workers.pool
+            if pool is not None and pool.failure is not None:
+                for model in self.models:
+                    if model.state == "loading":
+                        model.mark_failed(f"worker process: {pool.failure}")
+                        await self._publish(model)
             if not self._workers.local:
                 for model in self.models:
                     entry = reported.get((model.name, model.version))
@@ -366,6 +376,8 @@ async def build_server(config: HopserveConfig) -> Service:
     port, address = bind_port(server, config.server.host, config.server.port, credentials)
     if not port:
         await cache.close()
+        if workers.pool is not None:
+            await workers.pool.stop(0)  # never started: removes its directory
         raise ConfigError(f"server.port: cannot listen on {address} (in use?)")
     return Service(
         config,

@@ -1,6 +1,7 @@
 """Which workers serve which model: the remote ones of ``server.workers`` (over the
-link's credentials, ``security.link``) behind one dispatcher, or, with none listed, one
-in-process worker per device, each behind its own dispatcher.
+link's credentials, ``security.link``) behind one dispatcher; the front-end's own worker
+processes (``server.local_workers``, :mod:`~hopserve.server.local_workers`) behind one
+dispatcher; or one in-process worker per device, each behind its own dispatcher.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from hopserve.config import ConfigError, HopserveConfig
 from hopserve.security.factory import link_channel
 from hopserve.server.dispatch import Dispatcher
+from hopserve.server.local_workers import LocalWorkerPool
 from hopserve.server.metrics import Metrics
 from hopserve.server.worker_clients import InProcessWorkerClient, RemoteWorkerClient
 
@@ -25,6 +27,7 @@ class WorkerSet:
     dispatchers: list[Dispatcher]
     by_model: dict[str, Dispatcher]
     local: dict[str, Any] = field(default_factory=dict)  # device -> in-process Worker
+    pool: LocalWorkerPool | None = None  # the worker processes this front-end started
 
 
 async def make_workers(config: HopserveConfig, metrics: Metrics) -> WorkerSet:
@@ -39,19 +42,25 @@ async def make_workers(config: HopserveConfig, metrics: Metrics) -> WorkerSet:
     def on_state(name: str, up: bool) -> None:
         metrics.worker_up.labels(name).set(1 if up else 0)
 
-    if config.server.workers:
+    if config.server.workers or config.server.local_workers:
         link = link_channel(config.security.link)
+        pool = None
+        addresses, names = list(config.server.workers), list(config.server.workers)
+        if config.server.local_workers:
+            pool = LocalWorkerPool(config, config.server.local_workers)  # started by Service
+            addresses, names = pool.addresses, pool.names
         clients = [
             RemoteWorkerClient(
                 address,
+                name=name,
                 credentials=link.credentials,
                 metadata=link.metadata,
                 channel_options=link.options,
             )  # fmt: skip
-            for address in config.server.workers
+            for address, name in zip(addresses, names, strict=True)
         ]
         dispatcher = Dispatcher(clients, on_worker_state=on_state, probe_interval_s=0.25)
-        return WorkerSet([dispatcher], {m.name: dispatcher for m in config.models})
+        return WorkerSet([dispatcher], {m.name: dispatcher for m in config.models}, pool=pool)
     from hopserve.worker.runtime import make_worker
 
     local: dict[str, Any] = {}

@@ -5,6 +5,7 @@
     hopserve serve --config hopserve.yaml
     hopserve serve --config hopserve.yaml --port 6000 --metrics-port 0   # metrics off
     hopserve serve --config hopserve.yaml --check    # validate config and models, exit
+    hopserve serve --config hopserve.yaml --workers 4  # 4 worker processes, one front-end
 
 Serves ``hopserve.v1.EmbeddingService``, gRPC health and reflection on ``server.port``
 and Prometheus metrics on ``server.metrics_port``, with an embedded in-process worker
@@ -41,6 +42,17 @@ def serve_cmd(
         int | None,
         typer.Option("--metrics-port", min=0, max=65535, help="Metrics port override (0 = off)."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-w",
+            min=0,
+            max=64,
+            help="Start N worker processes on this host (server.local_workers); 0: the "
+            "models run in this process.",
+        ),
+    ] = None,
     check: Annotated[
         bool,
         typer.Option(
@@ -51,7 +63,7 @@ def serve_cmd(
     ] = False,
 ) -> None:
     """Serve node embeddings over gRPC (the front-end)."""
-    cfg = load_cli_config(config, port=port, metrics_port=metrics_port)
+    cfg = load_cli_config(config, port=port, metrics_port=metrics_port, local_workers=workers)
     if check:
         raise typer.Exit(code=_check(cfg))
     code = asyncio.run(_serve(cfg))

@@ -4,6 +4,7 @@
 
     hopserve worker --config hopserve.yaml --device cuda:0 --host 0.0.0.0 --port 50052
     hopserve worker --config hopserve.yaml --device cpu --port 0
+    hopserve worker --config hopserve.yaml --unix-socket /run/hopserve/w0.sock
 
 Binds loopback unless ``--host`` says otherwise. With ``security.link`` configured the
 port is mutual TLS and takes jobs only from a front-end with the link token; SIGHUP
@@ -48,6 +49,14 @@ def worker_cmd(
             "security.link warns).",
         ),
     ] = "127.0.0.1",
+    unix_socket: Annotated[
+        str | None,
+        typer.Option(
+            "--unix-socket",
+            help="Listen on this Unix domain socket instead of --host/--port (access is "
+            "the socket's file permissions; what `hopserve serve --workers N` uses).",
+        ),
+    ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU: torch intra-op threads.")
     ] = None,
@@ -68,6 +77,8 @@ def worker_cmd(
     from hopserve.worker.service import serve_worker
 
     cfg = load_cli_config(config)
+    if unix_socket:
+        host = f"unix:{unix_socket}"
     link = cfg.security.link
     try:
         credentials, gate = worker_credentials(link), worker_gate(link)
@@ -113,8 +124,9 @@ def worker_cmd(
     for warning in exposure_warnings(cfg.security, host, worker=True):
         log.warning("%s", warning)
     names = ", ".join(f"{m.name}:{m.version}" for m in cfg.models)
-    log.info("worker %s serving [%s] on %s:%d (%s)", worker.worker_id, names, host, bound, device)
-    typer.echo(f"hopserve worker listening on {host}:{bound} ({device})", err=True)
+    where = host if unix_socket else f"{host}:{bound}"
+    log.info("worker %s serving [%s] on %s (%s)", worker.worker_id, names, where, device)
+    typer.echo(f"hopserve worker listening on {where} ({device})", err=True)
     stop.wait()
     grace = cfg.server.grace_period_s
     server.stop(grace).wait(grace + 5)

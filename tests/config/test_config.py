@@ -16,6 +16,7 @@ from hopserve.config import (
     ConfigError,
     HopserveConfig,
     SecretUrl,
+    ServerConfig,
     load_config,
     redact_url,
 )
@@ -372,3 +373,9 @@ def test_redis_cluster_cache(tmp_path: Path) -> None:
     assert config.cache.backend == "redis-cluster"
     assert config.cache.redis_cluster_nodes == ["10.0.0.2:7000", "[fd00::3]:7000"]
     assert "pw" not in str(config.model_dump())
+
+
+def test_local_workers_and_remote_workers_exclude_each_other() -> None:
+    with pytest.raises(ValueError, match=r"local_workers \(2\) and workers \(w:1\) exclude"):
+        ServerConfig(local_workers=2, workers=["w:1"])
+    assert ServerConfig(local_workers=2).local_workers == 2
