@@ -27,6 +27,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -139,7 +140,7 @@ class RedisClusterEmbeddingCache(RedisBackedCache):
         except (RedisClusterException, ValueError) as err:  # db != 0, unix socket, bad query
             raise ValueError(f"cannot use {self.url!r} for a Redis Cluster: {err}") from None
 
-    def _keys(self, namespace: CacheNamespace, ids: Any) -> list[str]:
+    def _keys(self, namespace: CacheNamespace, ids: np.ndarray) -> list[str]:
         return make_cluster_keys(self.prefix, namespace, ids, self.buckets)
 
     def _slot_groups(self, keys: list[str]) -> dict[int, list[int]]:
