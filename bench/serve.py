@@ -1,10 +1,16 @@
-"""Serving throughput and latency: dynamic batching on/off × embedding cache on/off.
+"""Serving throughput and latency: dynamic batching on/off × embedding cache on/off, and
+throughput against the number of worker processes.
 
 One run, one graph (synthetic power-law, 200K nodes by default), one model (2-layer
 GraphSAGE). For each configuration a real ``hopserve serve`` process is started (Redis cache
 on a private ``redis-server``, or no cache) and ``hopserve loadtest``'s closed loop drives it:
 32 concurrent clients, Zipf target popularity, log-normal set sizes (median 16). A last
 measurement times cached lookups of 16 nodes one at a time (p50 end-to-end).
+
+Worker processes (``--workers 1,2``): batching on, cache off (every row computed), the
+models in ``server.local_workers`` = N processes instead of the front-end's own; compared
+with one process. The load generator runs in this script's process, the front-end and
+its workers in theirs.
 
 Outputs ``bench/results/serve.{json,md,png}``. Ratios are side by side in one run; the
 client and the server share this machine's cores.
@@ -24,22 +30,33 @@ from typing import Any
 import harness
 
 MODEL = "sage"
-CONFIGS = [  # name, batching, cache
-    ("neither", False, False),
-    ("batching", True, False),
-    ("cache", False, True),
-    ("batching+cache", True, True),
+CONFIGS = [  # name, batching, cache, worker processes (0: in the front-end)
+    ("neither", False, False, 0),
+    ("batching", True, False, 0),
+    ("cache", False, True, 0),
+    ("batching+cache", True, True, 0),
 ]
 
 
-def server_config(batching: bool, port: int, metrics_port: int) -> dict[str, Any]:
-    """The ``server`` section: dynamic batching (2 ms window) or one request per batch."""
+def worker_configs(counts: str) -> list[tuple[str, bool, bool, int]]:
+    """``"1,2"`` → batching on, cache off, in 1 and in 2 worker processes."""
+    return [(f"{n} worker process{'es' * (n > 1)}", True, False, n) for n in _ints(counts)]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def server_config(batching: bool, port: int, metrics_port: int, workers: int = 0) -> dict[str, Any]:
+    """The ``server`` section: dynamic batching (2 ms window) or one request per batch;
+    ``workers`` processes started by the front-end (0: the models run in it)."""
     return {
         "port": port,
         "metrics_port": metrics_port,
         "max_wait_ms": 2.0 if batching else 0.0,
         "max_batch_requests": 0 if batching else 1,
         "max_queue": 1024,
+        "local_workers": workers,
     }
 
 
@@ -47,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     p = harness.parser(__doc__)
     harness.add_graph_args(p, nodes=200_000, avg_degree=10.0)
     harness.add_load_args(p)
+    p.add_argument("--workers", default="1,2", help="worker-process counts ('' = skip)")
     harness.add_io_args(p, data=harness.REPO / "data")
     return p.parse_args()
 
@@ -62,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hopserve-bench-") as tmp:
         redis = harness.RedisServer.launch(Path(tmp) / "redis", maxmemory="1gb")
         try:
-            for name, batching, cache in CONFIGS:
+            for name, batching, cache, workers in CONFIGS + worker_configs(args.workers):
                 port, metrics_port = harness.free_port(), harness.free_port()
                 if cache:  # a cold cache for every configuration
                     with redis.client() as client:
@@ -70,7 +88,7 @@ def main() -> None:
                 config = harness.write_config(
                     Path(tmp) / f"{name}.yaml",
                     [harness.model_entry(MODEL, data)],
-                    server=server_config(batching, port, metrics_port),
+                    server=server_config(batching, port, metrics_port, workers),
                     cache=(
                         {"backend": "redis", "redis_url": redis.url, "ttl_s": 3600}
                         if cache
@@ -83,6 +101,7 @@ def main() -> None:
                     harness.log(f"load: {name} …")
                     report = asyncio.run(run_load(f"127.0.0.1:{port}", spec)).to_dict()
                     report["batching"], report["cache"] = batching, cache
+                    report["worker_processes"] = workers
                     if batching and cache:
                         lookups = harness.cached_lookups(f"127.0.0.1:{port}", MODEL, 500)
                         report["cached_16"] = asyncio.run(lookups)
@@ -114,6 +133,11 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
         "p99_ratio_batching_cache_vs_neither": best["p99_ms"] / base["p99_ms"],
         "cached_16_nodes": best.get("cached_16"),
     }
+    procs = {r["worker_processes"]: r for r in results.values() if r.get("worker_processes")}
+    if 1 in procs:
+        summary["throughput_vs_one_worker_process"] = {
+            n: r["qps"] / procs[1]["qps"] for n, r in sorted(procs.items())
+        }
     lines = [
         f"Serving — {summary['model']}; {args.nodes:,}-node power-law graph; closed loop at "
         f"concurrency {args.concurrency}, Zipf a={args.zipf}, set sizes log-normal (median "
@@ -138,6 +162,12 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
         ],
         "lrrrrrrl",
     )  # fmt: skip
+    if "throughput_vs_one_worker_process" in summary:
+        ratios = ", ".join(
+            f"{n} processes {x:.2f}×"
+            for n, x in summary["throughput_vs_one_worker_process"].items()
+        )
+        lines += ["", f"Worker processes (batching, no cache), QPS vs one process: {ratios}."]
     c16 = summary["cached_16_nodes"]
     if c16:
         lines += [
@@ -152,7 +182,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     """Throughput bars and p50/p99 latency per configuration."""
     plt = harness.pyplot()
     names = list(results)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.bar(names, [results[n]["qps"] for n in names], color="#2b7bba")
     a.set_ylabel("requests / s")
     a.set_title("throughput (concurrency 32)")
@@ -164,7 +194,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     b.set_title("latency")
     b.legend()
     for ax in (a, b):
-        ax.tick_params(axis="x", rotation=20)
+        ax.tick_params(axis="x", rotation=30)
     harness.save_figure(fig, path)
 
 
