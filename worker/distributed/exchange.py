@@ -83,7 +83,14 @@ class Comm:
         kwargs: dict = {"device_id": device} if backend == "nccl" else {}
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, **kwargs)
+        timeout = {"timeout": kwargs["timeout"]} if "timeout" in kwargs else {}
+        store, rank, world = next(dist.rendezvous("env://", **timeout))
+        # After torchrun restarts a failed group, the store may still hold the previous
+        # attempt's keys (gloo would connect to a dead rank's address): one prefix per
+        # attempt.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"hopserve/attempt-{attempt}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
         comm = cls(dist.get_rank(), dist.get_world_size(), _comm_device(device), owned=True)
         log.debug("rank %d of %d joined (%s)", comm.rank, comm.world_size, backend)
         return comm

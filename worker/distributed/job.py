@@ -27,8 +27,10 @@ from each rank's full view of the graph store (``adapter.prepare``), so every ro
 single-process evaluation.
 
 Test hook: ``HOPSERVE_EMBED_ALL_CRASH=RANK:BLOCK`` makes rank RANK exit (code 3, no
-clean-up) right after it checkpointed block BLOCK, when it computed that block in this
-attempt (a resumed run, which loads it, goes on).
+clean-up) once it has checkpointed block BLOCK and exchanged its halo rows, when it
+computed that block in this attempt (a resumed run, which loads it, goes on). Every
+other rank has then checkpointed BLOCK too (it saves before the exchange), and RANK has
+nothing later, so the restarted job resumes after exactly BLOCK.
 """
 
 from __future__ import annotations
@@ -372,13 +374,14 @@ class _Job:
         outputs = {name: run.stored[name][0] for name in block.outputs}
         if self.checkpoint is not None:
             self.checkpoint.save(pos, block.index, outputs)
-            self._maybe_crash(block.index)
         for name in block.outputs:
             if name in self.schema.live_after(pos, self.split.output):
                 stats = self._publish(run, name, outputs[name], pos)
                 report.halo_rows_received += stats.rows_received
                 report.halo_bytes_sent += stats.bytes_sent
                 report.halo_bytes_received += stats.bytes_received
+        if self.checkpoint is not None:
+            self._maybe_crash(block.index)
         for name in list(run.stored):  # free what no later block reads
             if name not in self.schema.live_after(pos, self.split.output):
                 run.allocator.release(name, run.stored.pop(name)[0])
