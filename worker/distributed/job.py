@@ -46,12 +46,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from torch import Tensor, nn
 
 from hopserve.proto.contract import RunStats
 from hopserve.worker.distributed.checkpoint import CheckpointMismatchError, RankCheckpoint
-from hopserve.worker.distributed.exchange import Comm
+from hopserve.worker.distributed.exchange import Comm, ExchangeStats
 from hopserve.worker.distributed.halo import HaloPlan
 from hopserve.worker.distributed.output import check_out_dir, write_shard, write_success
 from hopserve.worker.distributed.partition import partition_by_edges
@@ -263,6 +264,11 @@ class _Job:
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())  # Comm.from_env set it
         self.progress = progress
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if "host_memory_budget_bytes" not in engine and local_ranks > 1:
+            # The engine's default (half the available memory) is per process: share it.
+            available = psutil.virtual_memory().available
+            engine = engine | {"host_memory_budget_bytes": available // (2 * local_ranks)}
         self.evaluator = LayerwiseEvaluator(
             model, graph, dev, progress=False, self_check=self_check, **engine
         )
@@ -394,11 +400,9 @@ class _Job:
             report.halo_bytes_received, report.halo_bytes_sent,
         )  # fmt: skip
 
-    def _publish(self, run: LayerwiseRun, name: str, local: Tensor, pos: int):  # noqa: ANN202
+    def _publish(self, run: LayerwiseRun, name: str, local: Tensor, pos: int) -> ExchangeStats:
         """Store ``name`` for later blocks: with its halo rows when one reads it over
         source rows, else the rank's rows. Returns the exchange's stats."""
-        from hopserve.worker.distributed.exchange import ExchangeStats
-
         if self.schema.last_src_read.get(name, -1) > pos:
             table, stats = self.comm.exchange(self.halo, local)
             rows = self.halo_rows
