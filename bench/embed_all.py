@@ -415,6 +415,7 @@ def main() -> None:
     if args.rank_report:
         rank_report(args)
         return
+    load_before = os.getloadavg()[0]
     import numpy as np
 
     from hopserve import GraphStore
@@ -482,7 +483,8 @@ def main() -> None:
         res["bytes_lower_bound"] = sum(x["bytes_lower_bound"] for x in res["layers"])
     harness.log(f"halo rows / nodes by ranks: {halo_fraction}")
     model = scaling_model(args, results, halo_fraction, n, e)
-    report(args, n, e, results, halo_fraction, model)
+    load = {"before": load_before, "after": os.getloadavg()[0]}
+    report(args, n, e, results, halo_fraction, model, load)
 
 
 # --------------------------------------------------------------------------- report
@@ -493,6 +495,7 @@ def report(
     results: dict[int, dict[str, Any]],
     halo_fraction: dict[int, float],
     model: dict[str, Any],
+    load: dict[str, float],
 ) -> None:
     """``embed_all.{json,md,png}``."""
     cores = os.cpu_count() or 1
@@ -504,6 +507,7 @@ def report(
         "machine": machine,
         "git": harness.git_revision(),
         "budget_mb_per_rank": args.budget_mb,
+        "load_avg_1m": load,
         "results": results,
         "halo_rows_over_nodes": halo_fraction,
         "scaling_model": model,
@@ -514,7 +518,8 @@ def report(
         f"{summary['model']}; {n:,} nodes, {e:,} edges, {args.dim}-dim features, RCMK "
         f"order; `torchrun --standalone`, gloo on loopback, one machine ({machine}); "
         f"{args.threads} threads split over the ranks, layer checkpoints off, best of "
-        f"{args.repeat} interleaved runs.",
+        f"{args.repeat} interleaved runs; 1-minute load average {load['before']:.1f} before "
+        f"the runs, {load['after']:.1f} after.",
         "",
     ]
     rows = []
@@ -538,11 +543,26 @@ def report(
     minimal = all(
         r["bytes_exchanged"] == r["bytes_lower_bound"] for w, r in results.items() if w > 1
     )
+    over = [w for w, r in results.items() if w > cores]
+    beyond = [w for w, r in results.items() if one and one["job_s"] / r["job_s"] > cores]
     lines += [
         "",
-        f"**Only {cores} cores.** The speedup is bounded by {cores}; 4 ranks oversubscribe "
-        f"the cores ({results[max(results)]['threads_per_rank']} thread per rank, "
-        f"{max(results)} processes). The measurement is for the per-layer costs below "
+        f"**Only {cores} cores.** The speedup is bounded by {cores}"
+        + (
+            f"; {', '.join(map(str, over))} ranks oversubscribe the cores "
+            f"({results[max(over)]['threads_per_rank']} thread per rank)"
+            if over
+            else ""
+        )
+        + (
+            f". Where it exceeds {cores} ({', '.join(map(str, beyond))} ranks), 1 rank's "
+            f"{one['threads_per_rank']} intra-op threads use the cores less well than "
+            "single-threaded processes (see the compute check at the end), not the ranks "
+            "doing less work"
+            if beyond
+            else ""
+        )
+        + ". The measurement is for the per-layer costs below "
         "(compute per edge, bytes exchanged, exchange time), which feed the scaling model; "
         "speedups on a bigger machine or a cluster must be measured there. *job* is "
         "`embed_all` on the slowest rank (halo planning, the engine's setup and self-check, "
