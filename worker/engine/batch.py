@@ -211,69 +211,52 @@ def prepare(
     ``resident`` device copy of the graph when there is one.
     """
     on_stream = torch.cuda.stream(copy_stream) if copy_stream is not None else nullcontext()
-    with on_stream:
-        return _prepare(
-            graph, split, block, frontier, start, end, stored, gather_free, device, resident,
-            copy_stream,
-        )  # fmt: skip
-
-
-def _prepare(
-    graph,
-    split: ModelSplit,
-    block: ConvBlock,
-    frontier: LayerFrontier,
-    start: int,
-    end: int,
-    stored: dict[str, tuple[Tensor, Tensor | None]],
-    gather_free: bool,
-    device: torch.device,
-    resident: DeviceGraph | None,
-    copy_stream: torch.cuda.Stream | None,
-) -> PreparedBatch:
-    batch = build_batch(
-        graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
-    )
-    features = resident.features if resident is not None else graph.features
-    inputs, nbytes = [], 0
-    for spec in block.inputs:
-        if gather_free and spec.rows == SRC:  # the whole node table, no copy
-            table = features if spec.producer == FEATURES else stored[spec.name][0]
-            inputs.append(table)
-            continue
-        ids = batch.src_nodes if spec.rows == SRC else batch.dst_nodes
-        if spec.producer == FEATURES:
-            t = features.index_select(0, ids.to(features.device, non_blocking=True))
-            if t.dtype == torch.float16:
-                t = t.float()
-        else:
-            tensor, rows = stored[spec.name]
-            where = (
-                f"frontier V^{spec.producer}, which must hold the in-neighbours of V^{block.index},"
-                if spec.rows == SRC
-                else f"frontier V^{spec.producer}"
-            )
-            pos = row_positions(rows, ids, where)
-            t = tensor.index_select(0, pos.to(tensor.device))
-        nbytes += t.numel() * t.element_size()
-        inputs.append(t)
-    src_row_bytes = sum(
-        t[0].numel() * t.element_size()
-        for t, spec in zip(inputs, block.inputs, strict=True)
-        if spec.rows == SRC and t.shape[0]
-    )
-    if gather_free:
-        src_row_bytes = 0  # nothing gathered; fused SpMM reads the table in place
-    per_edge = max((split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0)
-    nbytes += batch.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
-    prepared = PreparedBatch(start, end, batch, inputs, nbytes)
-    if copy_stream is not None:  # we are on copy_stream (see prepare)
-        prepared.batch = batch.to(device, non_blocking=True)
-        prepared.inputs = [
-            t if t.device == device else t.pin_memory().to(device, non_blocking=True)
-            for t in inputs
-        ]
-        event = torch.cuda.Event()
-        event.record(copy_stream)
-        prepared.event = event
-    return prepared
+    with on_stream:  # every device op below is queued on the copy stream
+        batch = build_batch(
+            graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
+        )
+        features = resident.features if resident is not None else graph.features
+        inputs, nbytes = [], 0
+        for spec in block.inputs:
+            if gather_free and spec.rows == SRC:  # the whole node table, no copy
+                table = features if spec.producer == FEATURES else stored[spec.name][0]
+                inputs.append(table)
+                continue
+            ids = batch.src_nodes if spec.rows == SRC else batch.dst_nodes
+            if spec.producer == FEATURES:
+                t = features.index_select(0, ids.to(features.device, non_blocking=True))
+                if t.dtype == torch.float16:
+                    t = t.float()
+            else:
+                tensor, rows = stored[spec.name]
+                where = (
+                    f"frontier V^{spec.producer}, which must hold the in-neighbours of V^{block.index},"
+                    if spec.rows == SRC
+                    else f"frontier V^{spec.producer}"
+                )
+                pos = row_positions(rows, ids, where)
+                t = tensor.index_select(0, pos.to(tensor.device))
+            nbytes += t.numel() * t.element_size()
+            inputs.append(t)
+        src_row_bytes = sum(
+            t[0].numel() * t.element_size()
+            for t, spec in zip(inputs, block.inputs, strict=True)
+            if spec.rows == SRC and t.shape[0]
+        )
+        if gather_free:
+            src_row_bytes = 0  # nothing gathered; fused SpMM reads the table in place
+        per_edge = max(
+            (split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0
+        )
+        nbytes += batch.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
+        prepared = PreparedBatch(start, end, batch, inputs, nbytes)
+        if copy_stream is not None:
+            prepared.batch = batch.to(device, non_blocking=True)
+            prepared.inputs = [
+                t if t.device == device else t.pin_memory().to(device, non_blocking=True)
+                for t in inputs
+            ]
+            event = torch.cuda.Event()
+            event.record(copy_stream)
+            prepared.event = event
+        return prepared
