@@ -42,8 +42,17 @@ def pooled(make_config, launch):
     server = launch(make_config(local_workers=2, max_batch_targets=16), expect_ready=None)
     ready = server.call(lambda: server.service.wait_ready(180), timeout=200)
     assert ready, [(m.name, m.state, m.error) for m in server.service.models]
+    # Ready means one process serves; the other may still be loading its models (a
+    # worker binds its socket once they are loaded). Then the dispatcher's probe finds it.
+    sockets = [Path(a.removeprefix("unix:")) for a in server.service._workers.pool.addresses]
+    wait_for(lambda: all(p.exists() for p in sockets), what="both sockets")
+    wait_for(lambda: all(up(server, w) for w in WORKERS), what="both processes up")
     yield server
     server.stop()
+
+
+def up(server, worker: str) -> bool:
+    return server.sample("hopserve_worker_up", worker=worker) == 1
 
 
 def jobs(server, worker: str) -> float:
@@ -54,14 +63,22 @@ def test_rows_are_exact_and_both_processes_compute(pooled, evaluator, all_ids) -
     pool = pooled.service._workers.pool
     socket_dir = Path(pool.addresses[0].removeprefix("unix:")).parent
     assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700  # only this user connects
-    sets = [pick(all_ids, 200 + i, 12) for i in range(40)]
+    # Rounds of concurrent requests until both processes have computed (a channel that
+    # tried a socket before its worker bound it waits out gRPC's reconnect backoff).
+    deadline, seed = time.monotonic() + 60, 200
     with pooled.client() as client, ThreadPoolExecutor(8) as threads:
-        answers = list(
-            threads.map(lambda s: client.get_embeddings(MODEL, s, cache_policy="bypass"), sets)
-        )
-    for ids, got in zip(sets, answers, strict=True):
-        np.testing.assert_allclose(got, expected(evaluator, ids), atol=ATOL, rtol=RTOL)
-    assert all(jobs(pooled, w) > 0 for w in WORKERS), [jobs(pooled, w) for w in WORKERS]
+        while True:
+            sets = [pick(all_ids, seed + i, 12) for i in range(16)]
+            seed += 16
+            answers = threads.map(
+                lambda s: client.get_embeddings(MODEL, s, cache_policy="bypass"), sets
+            )
+            for ids, got in zip(sets, answers, strict=True):
+                np.testing.assert_allclose(got, expected(evaluator, ids), atol=ATOL, rtol=RTOL)
+            counts = [jobs(pooled, w) for w in WORKERS]
+            if all(counts) or time.monotonic() > deadline:
+                break
+    assert all(counts), counts
     assert all(pool.pid(w) != os.getpid() for w in WORKERS)
 
 
@@ -84,7 +101,7 @@ def test_a_killed_process_fails_no_request_and_is_restarted(pooled, evaluator, a
     for ids, got in zip(sets, answers, strict=True):
         np.testing.assert_allclose(got, expected(evaluator, ids), atol=ATOL, rtol=RTOL)
     wait_for(lambda: pool.restarts["worker-1"] > restarts, what="the restart")
-    wait_for(lambda: pooled.sample("hopserve_worker_up", worker="worker-1") == 1, what="up")
+    wait_for(lambda: up(pooled, "worker-1"), what="worker-1 up again")
     assert pool.pid("worker-1") not in (None, victim)
 
 
