@@ -132,11 +132,12 @@ class LocalWorkerPool:
                 self.failure = "; ".join(errors) or f"{name} exited with code 2"
                 log.error("%s cannot serve (not restarted): %s", name, self.failure)
                 return
+            if time.monotonic() - began > STABLE_S:  # it had been running fine: start over
+                delay = BACKOFF_S[0]
             log.error("%s exited with code %s; restarting in %.1f s", name, code, delay)
             self.restarts[name] += 1
             await asyncio.sleep(delay)
-            ran = time.monotonic() - began
-            delay = BACKOFF_S[0] if ran > STABLE_S else min(BACKOFF_S[1], delay * 2)
+            delay = min(BACKOFF_S[1], delay * 2)
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM every child, SIGKILL what is left after ``grace_s`` + 5 s; remove the

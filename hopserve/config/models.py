@@ -145,6 +145,14 @@ class ModelConfig(_Section):
         return problems
 
 
+def _unique_addresses(value: list[str], what: str) -> list[str]:
+    """``value`` unchanged, or a ValueError naming every address listed twice."""
+    duplicates = sorted({a for a in value if value.count(a) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {what} address(es): {', '.join(duplicates)}")
+    return value
+
+
 class ServerConfig(_Section):
     """The gRPC front-end: listening addresses, batching, queueing and deadlines."""
 
@@ -205,10 +213,7 @@ class ServerConfig(_Section):
     @field_validator("workers")
     @classmethod
     def _unique_workers(cls, value: list[str]) -> list[str]:
-        duplicates = sorted({w for w in value if value.count(w) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate worker address(es): {', '.join(duplicates)}")
-        return value
+        return _unique_addresses(value, "worker")
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -271,10 +276,7 @@ class CacheConfig(_Section):
     @field_validator("redis_cluster_nodes")
     @classmethod
     def _unique_nodes(cls, value: list[str]) -> list[str]:
-        duplicates = sorted({n for n in value if value.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate node address(es): {', '.join(duplicates)}")
-        return value
+        return _unique_addresses(value, "node")
 
     @model_validator(mode="after")
     def _cluster_settings(self) -> CacheConfig:
