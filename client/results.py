@@ -41,6 +41,10 @@ class ModelInfo:
         blocks: The layers in order.
         description: Free-form description.
         dtype: Element type of the embeddings, ``"float32"``.
+        graph_seq: Graph sequence (updates applied on top of ``graph_version``).
+        state: ``"loading"``, ``"ready"``, ``"failed"`` or ``"draining"``.
+        is_default: Served to requests that name no version.
+        traffic_percent: Share of unversioned requests this version gets.
     """
 
     name: str
@@ -54,6 +58,10 @@ class ModelInfo:
     blocks: tuple[BlockInfo, ...] = ()
     description: str = ""
     dtype: str = "float32"
+    graph_seq: int = 0
+    state: str = ""
+    is_default: bool = True
+    traffic_percent: int = 100
 
     @classmethod
     def from_proto(cls, msg: pb.ModelInfo) -> ModelInfo:

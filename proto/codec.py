@@ -81,6 +81,7 @@ def job_to_proto(job: Job) -> worker_pb2.JobRequest:
         model=job.model,
         model_version=job.model_version,
         graph_version=job.graph_version,
+        graph_seq=job.graph_seq,
         targets=encode_indices(np.asarray(job.targets)),
     )
     if job.frontiers is not None:
@@ -139,6 +140,7 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
         seed=msg.seed if msg.HasField("seed") else None,
         deadline=msg.deadline_unix_s or None,
         graph_version=msg.graph_version,
+        graph_seq=int(msg.graph_seq),
     )
 
 
@@ -171,6 +173,7 @@ def result_to_proto(result: JobResult) -> worker_pb2.JobResult:
         num_rows=int(emb.shape[0]),
         model_version=result.model_version,
         graph_version=result.graph_version,
+        graph_seq=result.graph_seq,
         stats=_stats_to_proto(result.stats),
     )
 
@@ -196,6 +199,7 @@ def result_from_proto(msg: worker_pb2.JobResult, *, worker: str = "") -> JobResu
         worker=worker,
         model_version=msg.model_version,
         graph_version=msg.graph_version,
+        graph_seq=int(msg.graph_seq),
     )
 
 

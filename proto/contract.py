@@ -140,6 +140,10 @@ class Job:
     graph_version: str = ""
     """Graph version the front-end planned on; a worker serving another refuses the job
     (:class:`GraphVersionMismatchError`). Empty = not checked."""
+    graph_seq: int = 0
+    """Graph sequence planned at (updates on top of ``graph_version``): a worker behind
+    applies the update log up to it first; one ahead refuses the job
+    (:class:`GraphVersionMismatchError`, the front-end plans again)."""
 
 
 def time_left(job: Job, now: float | None = None) -> float | None:
@@ -244,6 +248,8 @@ class JobResult:
     """Model version that computed the rows."""
     graph_version: str = ""
     """Graph version the rows were computed on."""
+    graph_seq: int = 0
+    """Graph sequence the rows were computed at."""
 
 
 # ---------------------------------------------------------------------------- status
@@ -288,6 +294,11 @@ class ModelStatus:
     """The layers, ``blocks[i]`` being layer ``i + 1``."""
     description: str = ""
     """Free-form description (entrypoint, mode, schema) for humans."""
+    graph_seq: int = 0
+    """Graph sequence the worker has applied."""
+    degree_normalized: bool = True
+    """Whether a conv normalizes by node degrees (invalidation then reaches the changed
+    edges' endpoints' out-neighbours); ``True`` when unknown (invalidates more, never less)."""
 
 
 @dataclass(frozen=True)

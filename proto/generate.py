@@ -29,7 +29,7 @@ PROTO_ROOT = Path(__file__).resolve().parent
 #: Import-path prefix of every hopserve proto (mirrors the Python package).
 VIRTUAL_ROOT = "hopserve/proto"
 #: Proto sources, relative to :data:`PROTO_ROOT`, in generation order.
-SOURCES = ("v1/embedding.proto", "v1/worker.proto")
+SOURCES = ("v1/embedding.proto", "v1/worker.proto", "v1/admin.proto")
 #: Suffixes protoc writes per source: messages, type stubs, gRPC service stubs.
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

@@ -24,43 +24,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hopserve/proto/v1/embedding.proto\x12\x0bhopserve.v1\"o\n\x0cQueryOptions\x12\x13\n\x07\x66\x61nouts\x18\x01 \x03(\x05\x42\x02\x10\x01\x12.\n\x0c\x63\x61\x63he_policy\x18\x02 \x01(\x0e\x32\x18.hopserve.v1.CachePolicy\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"~\n\x14GetEmbeddingsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x14\n\x08node_ids\x18\x03 \x03(\x03\x42\x02\x10\x01\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.hopserve.v1.QueryOptions\"\xbb\x01\n\x0bStageTiming\x12\x14\n\x0c\x63\x61\x63he_lookup\x18\x01 \x01(\x01\x12\x12\n\nqueue_wait\x18\x02 \x01(\x01\x12\x10\n\x08planning\x18\x03 \x01(\x01\x12\x0f\n\x07\x63ompute\x18\x04 \x01(\x01\x12\x10\n\x08transfer\x18\x05 \x01(\x01\x12\x12\n\nwrite_back\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\rlayer_compute\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x0f\n\x07prepare\x18\t \x01(\x01\"\xe9\x01\n\x15GetEmbeddingsResponse\x12\x0b\n\x03\x64im\x18\x01 \x01(\x05\x12!\n\x05\x64type\x18\x02 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x12\n\nembeddings\x18\x03 \x01(\x0c\x12\x11\n\tnum_nodes\x18\x04 \x01(\x03\x12\r\n\x05model\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12(\n\x06timing\x18\x08 \x01(\x0b\x32\x18.hopserve.v1.StageTiming\x12\x12\n\ncache_hits\x18\t \x01(\x03\"\x84\x02\n\x0e\x45mbeddingChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x10\n\x08num_rows\x18\x02 \x01(\x03\x12\x12\n\nembeddings\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12!\n\x05\x64type\x18\x05 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x11\n\tnum_nodes\x18\x06 \x01(\x03\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\x12\x15\n\rgraph_version\x18\t \x01(\t\x12\x12\n\ncache_hits\x18\n \x01(\x03\x12(\n\x06timing\x18\x0b \x01(\x0b\x32\x18.hopserve.v1.StageTiming\"\x13\n\x11ListModelsRequest\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.hopserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"^\n\tBlockInfo\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06in_dim\x18\x03 \x01(\x05\x12\x0f\n\x07out_dim\x18\x04 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"\x83\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x17\n\x0fgraph_num_nodes\x18\x05 \x01(\x03\x12\x17\n\x0fgraph_num_edges\x18\x06 \x01(\x03\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12&\n\x06\x62locks\x18\t \x03(\x0b\x32\x16.hopserve.v1.BlockInfo\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\x12!\n\x05\x64type\x18\x0b \x01(\x0e\x32\x12.hopserve.v1.DType*_\n\x0b\x43\x61\x63hePolicy\x12\x1c\n\x18\x43\x41\x43HE_POLICY_UNSPECIFIED\x10\x00\x12\r\n\tCACHE_USE\x10\x01\x12\x11\n\rCACHE_REFRESH\x10\x02\x12\x10\n\x0c\x43\x41\x43HE_BYPASS\x10\x03*1\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x32\xd1\x02\n\x10\x45mbeddingService\x12V\n\rGetEmbeddings\x12!.hopserve.v1.GetEmbeddingsRequest\x1a\".hopserve.v1.GetEmbeddingsResponse\x12T\n\x10StreamEmbeddings\x12!.hopserve.v1.GetEmbeddingsRequest\x1a\x1b.hopserve.v1.EmbeddingChunk0\x01\x12M\n\nListModels\x12\x1e.hopserve.v1.ListModelsRequest\x1a\x1f.hopserve.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1c.hopserve.v1.GetModelRequest\x1a\x16.hopserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!hopserve/proto/v1/embedding.proto\x12\x0bhopserve.v1\"b\n\x08NodeRows\x12\x14\n\x08node_ids\x18\x01 \x03(\x03\x42\x02\x10\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12!\n\x05\x64type\x18\x04 \x01(\x0e\x32\x12.hopserve.v1.DType\",\n\x08\x45\x64geList\x12\x0f\n\x03src\x18\x01 \x03(\x03\x42\x02\x10\x01\x12\x0f\n\x03\x64st\x18\x02 \x03(\x03\x42\x02\x10\x01\"o\n\x0cQueryOptions\x12\x13\n\x07\x66\x61nouts\x18\x01 \x03(\x05\x42\x02\x10\x01\x12.\n\x0c\x63\x61\x63he_policy\x18\x02 \x01(\x0e\x32\x18.hopserve.v1.CachePolicy\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xb9\x01\n\x14GetEmbeddingsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x14\n\x08node_ids\x18\x03 \x03(\x03\x42\x02\x10\x01\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.hopserve.v1.QueryOptions\x12&\n\x05\x64\x65lta\x18\x05 \x01(\x0b\x32\x17.hopserve.v1.GraphDelta\x12\x11\n\tfootprint\x18\x06 \x01(\x08\"`\n\nGraphDelta\x12(\n\tadd_nodes\x18\x01 \x01(\x0b\x32\x15.hopserve.v1.NodeRows\x12(\n\tadd_edges\x18\x02 \x01(\x0b\x32\x15.hopserve.v1.EdgeList\"N\n\x0fTargetFootprint\x12\x1a\n\x0e\x66rontier_sizes\x18\x01 \x03(\x03\x42\x02\x10\x01\x12\x12\n\nmax_degree\x18\x02 \x01(\x03\x12\x0b\n\x03hub\x18\x03 \x01(\x08\"\xbb\x01\n\x0bStageTiming\x12\x14\n\x0c\x63\x61\x63he_lookup\x18\x01 \x01(\x01\x12\x12\n\nqueue_wait\x18\x02 \x01(\x01\x12\x10\n\x08planning\x18\x03 \x01(\x01\x12\x0f\n\x07\x63ompute\x18\x04 \x01(\x01\x12\x10\n\x08transfer\x18\x05 \x01(\x01\x12\x12\n\nwrite_back\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\rlayer_compute\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x0f\n\x07prepare\x18\t \x01(\x01\"\xae\x02\n\x15GetEmbeddingsResponse\x12\x0b\n\x03\x64im\x18\x01 \x01(\x05\x12!\n\x05\x64type\x18\x02 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x12\n\nembeddings\x18\x03 \x01(\x0c\x12\x11\n\tnum_nodes\x18\x04 \x01(\x03\x12\r\n\x05model\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12(\n\x06timing\x18\x08 \x01(\x0b\x32\x18.hopserve.v1.StageTiming\x12\x12\n\ncache_hits\x18\t \x01(\x03\x12\x11\n\tgraph_seq\x18\n \x01(\x04\x12\x30\n\nfootprints\x18\x0b \x03(\x0b\x32\x1c.hopserve.v1.TargetFootprint\"\x97\x02\n\x0e\x45mbeddingChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x10\n\x08num_rows\x18\x02 \x01(\x03\x12\x12\n\nembeddings\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12!\n\x05\x64type\x18\x05 \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x11\n\tnum_nodes\x18\x06 \x01(\x03\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\x12\x15\n\rgraph_version\x18\t \x01(\t\x12\x12\n\ncache_hits\x18\n \x01(\x03\x12(\n\x06timing\x18\x0b \x01(\x0b\x32\x18.hopserve.v1.StageTiming\x12\x11\n\tgraph_seq\x18\x0c \x01(\x04\"\x13\n\x11ListModelsRequest\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.hopserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"^\n\tBlockInfo\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06in_dim\x18\x03 \x01(\x05\x12\x0f\n\x07out_dim\x18\x04 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"\xd2\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x17\n\x0fgraph_num_nodes\x18\x05 \x01(\x03\x12\x17\n\x0fgraph_num_edges\x18\x06 \x01(\x03\x12\x15\n\rgraph_version\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12&\n\x06\x62locks\x18\t \x03(\x0b\x32\x16.hopserve.v1.BlockInfo\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\x12!\n\x05\x64type\x18\x0b \x01(\x0e\x32\x12.hopserve.v1.DType\x12\x11\n\tgraph_seq\x18\x0c \x01(\x04\x12\r\n\x05state\x18\r \x01(\t\x12\x12\n\nis_default\x18\x0e \x01(\x08\x12\x17\n\x0ftraffic_percent\x18\x0f \x01(\r*_\n\x0b\x43\x61\x63hePolicy\x12\x1c\n\x18\x43\x41\x43HE_POLICY_UNSPECIFIED\x10\x00\x12\r\n\tCACHE_USE\x10\x01\x12\x11\n\rCACHE_REFRESH\x10\x02\x12\x10\n\x0c\x43\x41\x43HE_BYPASS\x10\x03*1\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x32\xd1\x02\n\x10\x45mbeddingService\x12V\n\rGetEmbeddings\x12!.hopserve.v1.GetEmbeddingsRequest\x1a\".hopserve.v1.GetEmbeddingsResponse\x12T\n\x10StreamEmbeddings\x12!.hopserve.v1.GetEmbeddingsRequest\x1a\x1b.hopserve.v1.EmbeddingChunk0\x01\x12M\n\nListModels\x12\x1e.hopserve.v1.ListModelsRequest\x1a\x1f.hopserve.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1c.hopserve.v1.GetModelRequest\x1a\x16.hopserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hopserve.proto.v1.embedding_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_NODEROWS'].fields_by_name['node_ids']._loaded_options = None
+  _globals['_NODEROWS'].fields_by_name['node_ids']._serialized_options = b'\020\001'
+  _globals['_EDGELIST'].fields_by_name['src']._loaded_options = None
+  _globals['_EDGELIST'].fields_by_name['src']._serialized_options = b'\020\001'
+  _globals['_EDGELIST'].fields_by_name['dst']._loaded_options = None
+  _globals['_EDGELIST'].fields_by_name['dst']._serialized_options = b'\020\001'
   _globals['_QUERYOPTIONS'].fields_by_name['fanouts']._loaded_options = None
   _globals['_QUERYOPTIONS'].fields_by_name['fanouts']._serialized_options = b'\020\001'
   _globals['_GETEMBEDDINGSREQUEST'].fields_by_name['node_ids']._loaded_options = None
   _globals['_GETEMBEDDINGSREQUEST'].fields_by_name['node_ids']._serialized_options = b'\020\001'
+  _globals['_TARGETFOOTPRINT'].fields_by_name['frontier_sizes']._loaded_options = None
+  _globals['_TARGETFOOTPRINT'].fields_by_name['frontier_sizes']._serialized_options = b'\020\001'
   _globals['_STAGETIMING'].fields_by_name['layer_compute']._loaded_options = None
   _globals['_STAGETIMING'].fields_by_name['layer_compute']._serialized_options = b'\020\001'
-  _globals['_CACHEPOLICY']._serialized_start=1471
-  _globals['_CACHEPOLICY']._serialized_end=1566
-  _globals['_DTYPE']._serialized_start=1568
-  _globals['_DTYPE']._serialized_end=1617
-  _globals['_QUERYOPTIONS']._serialized_start=50
-  _globals['_QUERYOPTIONS']._serialized_end=161
-  _globals['_GETEMBEDDINGSREQUEST']._serialized_start=163
-  _globals['_GETEMBEDDINGSREQUEST']._serialized_end=289
-  _globals['_STAGETIMING']._serialized_start=292
-  _globals['_STAGETIMING']._serialized_end=479
-  _globals['_GETEMBEDDINGSRESPONSE']._serialized_start=482
-  _globals['_GETEMBEDDINGSRESPONSE']._serialized_end=715
-  _globals['_EMBEDDINGCHUNK']._serialized_start=718
-  _globals['_EMBEDDINGCHUNK']._serialized_end=978
-  _globals['_LISTMODELSREQUEST']._serialized_start=980
-  _globals['_LISTMODELSREQUEST']._serialized_end=999
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1001
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1061
-  _globals['_GETMODELREQUEST']._serialized_start=1063
-  _globals['_GETMODELREQUEST']._serialized_end=1111
-  _globals['_BLOCKINFO']._serialized_start=1113
-  _globals['_BLOCKINFO']._serialized_end=1207
-  _globals['_MODELINFO']._serialized_start=1210
-  _globals['_MODELINFO']._serialized_end=1469
-  _globals['_EMBEDDINGSERVICE']._serialized_start=1620
-  _globals['_EMBEDDINGSERVICE']._serialized_end=1957
+  _globals['_CACHEPOLICY']._serialized_start=2022
+  _globals['_CACHEPOLICY']._serialized_end=2117
+  _globals['_DTYPE']._serialized_start=2119
+  _globals['_DTYPE']._serialized_end=2168
+  _globals['_NODEROWS']._serialized_start=50
+  _globals['_NODEROWS']._serialized_end=148
+  _globals['_EDGELIST']._serialized_start=150
+  _globals['_EDGELIST']._serialized_end=194
+  _globals['_QUERYOPTIONS']._serialized_start=196
+  _globals['_QUERYOPTIONS']._serialized_end=307
+  _globals['_GETEMBEDDINGSREQUEST']._serialized_start=310
+  _globals['_GETEMBEDDINGSREQUEST']._serialized_end=495
+  _globals['_GRAPHDELTA']._serialized_start=497
+  _globals['_GRAPHDELTA']._serialized_end=593
+  _globals['_TARGETFOOTPRINT']._serialized_start=595
+  _globals['_TARGETFOOTPRINT']._serialized_end=673
+  _globals['_STAGETIMING']._serialized_start=676
+  _globals['_STAGETIMING']._serialized_end=863
+  _globals['_GETEMBEDDINGSRESPONSE']._serialized_start=866
+  _globals['_GETEMBEDDINGSRESPONSE']._serialized_end=1168
+  _globals['_EMBEDDINGCHUNK']._serialized_start=1171
+  _globals['_EMBEDDINGCHUNK']._serialized_end=1450
+  _globals['_LISTMODELSREQUEST']._serialized_start=1452
+  _globals['_LISTMODELSREQUEST']._serialized_end=1471
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1473
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1533
+  _globals['_GETMODELREQUEST']._serialized_start=1535
+  _globals['_GETMODELREQUEST']._serialized_end=1583
+  _globals['_BLOCKINFO']._serialized_start=1585
+  _globals['_BLOCKINFO']._serialized_end=1679
+  _globals['_MODELINFO']._serialized_start=1682
+  _globals['_MODELINFO']._serialized_end=2020
+  _globals['_EMBEDDINGSERVICE']._serialized_start=2171
+  _globals['_EMBEDDINGSERVICE']._serialized_end=2508
 # @@protoc_insertion_point(module_scope)

@@ -25,6 +25,26 @@ CACHE_BYPASS: CachePolicy
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 
+class NodeRows(_message.Message):
+    __slots__ = ("node_ids", "features", "dim", "dtype")
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    features: bytes
+    dim: int
+    dtype: DType
+    def __init__(self, node_ids: _Optional[_Iterable[int]] = ..., features: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class EdgeList(_message.Message):
+    __slots__ = ("src", "dst")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    src: _containers.RepeatedScalarFieldContainer[int]
+    dst: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class QueryOptions(_message.Message):
     __slots__ = ("fanouts", "cache_policy", "seed")
     FANOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -36,16 +56,38 @@ class QueryOptions(_message.Message):
     def __init__(self, fanouts: _Optional[_Iterable[int]] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GetEmbeddingsRequest(_message.Message):
-    __slots__ = ("model", "model_version", "node_ids", "options")
+    __slots__ = ("model", "model_version", "node_ids", "options", "delta", "footprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_version: str
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     options: QueryOptions
-    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ...) -> None: ...
+    delta: GraphDelta
+    footprint: bool
+    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., delta: _Optional[_Union[GraphDelta, _Mapping]] = ..., footprint: _Optional[bool] = ...) -> None: ...
+
+class GraphDelta(_message.Message):
+    __slots__ = ("add_nodes", "add_edges")
+    ADD_NODES_FIELD_NUMBER: _ClassVar[int]
+    ADD_EDGES_FIELD_NUMBER: _ClassVar[int]
+    add_nodes: NodeRows
+    add_edges: EdgeList
+    def __init__(self, add_nodes: _Optional[_Union[NodeRows, _Mapping]] = ..., add_edges: _Optional[_Union[EdgeList, _Mapping]] = ...) -> None: ...
+
+class TargetFootprint(_message.Message):
+    __slots__ = ("frontier_sizes", "max_degree", "hub")
+    FRONTIER_SIZES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEGREE_FIELD_NUMBER: _ClassVar[int]
+    HUB_FIELD_NUMBER: _ClassVar[int]
+    frontier_sizes: _containers.RepeatedScalarFieldContainer[int]
+    max_degree: int
+    hub: bool
+    def __init__(self, frontier_sizes: _Optional[_Iterable[int]] = ..., max_degree: _Optional[int] = ..., hub: _Optional[bool] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("cache_lookup", "queue_wait", "planning", "compute", "transfer", "write_back", "total", "layer_compute", "prepare")
@@ -70,7 +112,7 @@ class StageTiming(_message.Message):
     def __init__(self, cache_lookup: _Optional[float] = ..., queue_wait: _Optional[float] = ..., planning: _Optional[float] = ..., compute: _Optional[float] = ..., transfer: _Optional[float] = ..., write_back: _Optional[float] = ..., total: _Optional[float] = ..., layer_compute: _Optional[_Iterable[float]] = ..., prepare: _Optional[float] = ...) -> None: ...
 
 class GetEmbeddingsResponse(_message.Message):
-    __slots__ = ("dim", "dtype", "embeddings", "num_nodes", "model", "model_version", "graph_version", "timing", "cache_hits")
+    __slots__ = ("dim", "dtype", "embeddings", "num_nodes", "model", "model_version", "graph_version", "timing", "cache_hits", "graph_seq", "footprints")
     DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +122,8 @@ class GetEmbeddingsResponse(_message.Message):
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINTS_FIELD_NUMBER: _ClassVar[int]
     dim: int
     dtype: DType
     embeddings: bytes
@@ -89,10 +133,12 @@ class GetEmbeddingsResponse(_message.Message):
     graph_version: str
     timing: StageTiming
     cache_hits: int
-    def __init__(self, dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_nodes: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., timing: _Optional[_Union[StageTiming, _Mapping]] = ..., cache_hits: _Optional[int] = ...) -> None: ...
+    graph_seq: int
+    footprints: _containers.RepeatedCompositeFieldContainer[TargetFootprint]
+    def __init__(self, dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_nodes: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., timing: _Optional[_Union[StageTiming, _Mapping]] = ..., cache_hits: _Optional[int] = ..., graph_seq: _Optional[int] = ..., footprints: _Optional[_Iterable[_Union[TargetFootprint, _Mapping]]] = ...) -> None: ...
 
 class EmbeddingChunk(_message.Message):
-    __slots__ = ("offset", "num_rows", "embeddings", "dim", "dtype", "num_nodes", "model", "model_version", "graph_version", "cache_hits", "timing")
+    __slots__ = ("offset", "num_rows", "embeddings", "dim", "dtype", "num_nodes", "model", "model_version", "graph_version", "cache_hits", "timing", "graph_seq")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +150,7 @@ class EmbeddingChunk(_message.Message):
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
     offset: int
     num_rows: int
     embeddings: bytes
@@ -115,7 +162,8 @@ class EmbeddingChunk(_message.Message):
     graph_version: str
     cache_hits: int
     timing: StageTiming
-    def __init__(self, offset: _Optional[int] = ..., num_rows: _Optional[int] = ..., embeddings: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., num_nodes: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., cache_hits: _Optional[int] = ..., timing: _Optional[_Union[StageTiming, _Mapping]] = ...) -> None: ...
+    graph_seq: int
+    def __init__(self, offset: _Optional[int] = ..., num_rows: _Optional[int] = ..., embeddings: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., num_nodes: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., cache_hits: _Optional[int] = ..., timing: _Optional[_Union[StageTiming, _Mapping]] = ..., graph_seq: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -150,7 +198,7 @@ class BlockInfo(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., kind: _Optional[str] = ..., in_dim: _Optional[int] = ..., out_dim: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype", "graph_seq", "state", "is_default", "traffic_percent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +210,10 @@ class ModelInfo(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_PERCENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -173,4 +225,8 @@ class ModelInfo(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     description: str
     dtype: DType
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    graph_seq: int
+    state: str
+    is_default: bool
+    traffic_percent: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ...) -> None: ...

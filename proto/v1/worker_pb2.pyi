@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JobRequest(_message.Message):
-    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s")
+    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s", "graph_seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class JobRequest(_message.Message):
     FANOUTS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     model_version: str
@@ -28,7 +29,8 @@ class JobRequest(_message.Message):
     fanouts: _containers.RepeatedScalarFieldContainer[int]
     seed: int
     deadline_unix_s: float
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+    graph_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ...) -> None: ...
 
 class LayerStats(_message.Message):
     __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free")
@@ -84,7 +86,7 @@ class JobStats(_message.Message):
     def __init__(self, planning_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., write_out_s: _Optional[float] = ..., total_s: _Optional[float] = ..., frontier_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Iterable[_Union[LayerStats, _Mapping]]] = ..., tiers: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class JobResult(_message.Message):
-    __slots__ = ("job_id", "dim", "dtype", "embeddings", "num_rows", "model_version", "graph_version", "stats")
+    __slots__ = ("job_id", "dim", "dtype", "embeddings", "num_rows", "model_version", "graph_version", "stats", "graph_seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class JobResult(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dim: int
     dtype: _embedding_pb2.DType
@@ -101,10 +104,11 @@ class JobResult(_message.Message):
     model_version: str
     graph_version: str
     stats: JobStats
-    def __init__(self, job_id: _Optional[str] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[_embedding_pb2.DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
+    graph_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[_embedding_pb2.DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., graph_seq: _Optional[int] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description", "graph_seq", "degree_normalized")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +119,8 @@ class LoadedModel(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DEGREE_NORMALIZED_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -125,7 +131,9 @@ class LoadedModel(_message.Message):
     mode: str
     blocks: _containers.RepeatedCompositeFieldContainer[_embedding_pb2.BlockInfo]
     description: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ...) -> None: ...
+    graph_seq: int
+    degree_normalized: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., graph_seq: _Optional[int] = ..., degree_normalized: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "device", "models", "inflight_jobs", "queued_jobs", "device_memory_used_bytes", "device_memory_total_bytes", "device_memory_peak_bytes")
