@@ -32,10 +32,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hopserve.config.errors import ConfigError
-from hopserve.config.models import HopserveConfig
+from hopserve.config.models import HopserveConfig, ModelConfig
 from hopserve.config.types import redact_url
 
-__all__ = ["ENV_NESTED_DELIMITER", "ENV_PREFIX", "load_config"]
+__all__ = ["ENV_NESTED_DELIMITER", "ENV_PREFIX", "load_config", "parse_model_entry"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,43 @@ def load_config(
         raise ConfigError(problems) from None
     base = Path(path).expanduser().resolve().parent if path is not None else Path.cwd()
     return config.anchored(base)
+
+
+def parse_model_entry(text: str, base: Path, source: str = "config") -> ModelConfig:
+    """One entry of a config file's ``models:`` list, given as YAML or JSON text (an admin
+    ``LoadModel`` request), validated, its relative paths resolved against ``base``.
+
+    Paths are not checked for existence here (:meth:`ModelConfig.validate_paths`).
+
+    Raises:
+        ConfigError: not a mapping, YAML syntax error, unknown key or invalid value, each
+            problem as ``<source>: <key>: <reason> (got <value>)``.
+    """
+    if not text.strip():
+        raise ConfigError(f"{source}: empty; expected one models: entry (name, entrypoint, ...)")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if isinstance(data, list) and len(data) == 1:  # a pasted "- name: ..." list item
+        data = data[0]
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected one models: entry as a mapping (name, entrypoint, graph, "
+            f"...), got {type(data).__name__}"
+        )
+    try:
+        config = HopserveConfig.model_validate({"models": [data]})
+    except ValidationError as exc:
+        problems = [
+            _describe(error, source, {}).replace(f"{source}: models[0].", f"{source}: ", 1)
+            for error in exc.errors()
+        ]
+        raise ConfigError(problems) from None
+    return config.models[0].anchored(base)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

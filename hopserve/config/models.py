@@ -106,6 +106,10 @@ class ModelConfig(_Section):
     max_targets: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
     """Largest number of target nodes one request may ask this model for."""
 
+    default: bool = False
+    """With several versions of one name listed: the version served to requests that name
+    no version (exactly one of them says ``true``). A name listed once is its default."""
+
     @field_validator("version", mode="before")
     @classmethod
     def _version_to_str(cls, value: Any) -> Any:
@@ -363,7 +367,8 @@ class HopserveConfig(_Section):
     """The whole configuration of one ``hopserve serve`` process."""
 
     models: list[ModelConfig] = Field(default_factory=list)
-    """Models served by this process; names must be unique."""
+    """Models served by this process; each (name, version) once. A name listed with
+    several versions has exactly one marked ``default: true``."""
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     """gRPC front-end settings."""
@@ -383,22 +388,34 @@ class HopserveConfig(_Section):
     @field_validator("models")
     @classmethod
     def _unique_names(cls, value: list[ModelConfig]) -> list[ModelConfig]:
-        names = [m.name for m in value]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        keys = [(m.name, m.version) for m in value]
+        duplicates = sorted({f"{n} (version {v!r})" for n, v in keys if keys.count((n, v)) > 1})
         if duplicates:
             raise ValueError(f"duplicate model name(s): {', '.join(duplicates)}")
+        problems = []
+        for name in sorted({n for n, _ in keys}):
+            versions = [m for m in value if m.name == name]
+            defaults = [m.version for m in versions if m.default]
+            if len(versions) > 1 and len(defaults) != 1:
+                listed = ", ".join(repr(m.version) for m in versions)
+                problems.append(
+                    f"model {name!r} is listed with versions {listed}: mark exactly one "
+                    f"'default: true' (got {len(defaults)})"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     def model(self, name: str) -> ModelConfig:
-        """Return the model called ``name``.
+        """Return the model called ``name`` (its default version when several are listed).
 
         Raises:
             KeyError: no model has that name.
         """
-        for model in self.models:
-            if model.name == name:
-                return model
-        raise KeyError(name)
+        versions = [m for m in self.models if m.name == name]
+        if not versions:
+            raise KeyError(name)
+        return next((m for m in versions if m.default), versions[0])
 
     def anchored(self, base: Path) -> HopserveConfig:
         """This config with every relative path (weights, graphs, python paths, the cache

@@ -243,6 +243,23 @@ class Worker(abc.ABC):
         )
         return entry
 
+    def unload_model(self, name: str, version: str, timeout: float | None = None) -> bool:
+        """Stop serving ``(name, version)``: new jobs get ``ModelNotFoundError`` at once;
+        a job already running finishes first (up to ``timeout`` s), then the evaluator is
+        released. False when the model was not loaded (idempotent)."""
+        with self._state:
+            entry = self._models.pop((name, str(version)), None)
+        if entry is None:
+            return False
+        acquired = entry.lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        try:
+            entry.evaluator.close()
+        finally:
+            if acquired:
+                entry.lock.release()
+        log.info("unloaded model %s version %s from %s", name, version, self.device)
+        return True
+
     @property
     def models(self) -> Mapping[tuple[str, str], LoadedModel]:
         """Loaded models by ``(name, version)`` (a snapshot)."""
