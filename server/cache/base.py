@@ -82,6 +82,8 @@ class CacheStats:
     """Failed backend operations plus stored values rejected as corrupt."""
     rejected: int = 0
     """Stored values refused by the integrity check (also counted in ``errors``)."""
+    stale: int = 0
+    """Rows found but computed before a graph update that could change them (misses)."""
 
 
 class CacheObserver(Protocol):
@@ -123,9 +125,14 @@ class EmbeddingCache(abc.ABC):
         self._observer = observer
 
     async def get_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray
+        self, namespace: CacheNamespace, node_ids: np.ndarray, min_seq: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Look up the rows of ``node_ids`` (int array, shape ``[N]``).
+
+        Args:
+            min_seq: Per id, the oldest graph sequence a row may have been computed at
+                (a living graph's stale-since sequence); an older row is a miss
+                (counted in ``stats.stale``). ``None``: any.
 
         Returns:
             ``(hit_mask, rows)``: bool ``[N]`` and float32 ``[N, namespace.dim]``; rows of
@@ -134,31 +141,41 @@ class EmbeddingCache(abc.ABC):
         ids = as_node_ids(node_ids)
         if ids.size == 0:
             return np.zeros(0, dtype=bool), np.zeros((0, namespace.dim), dtype=np.float32)
-        mask, rows = await self._get(namespace, ids)
+        mask, rows, seqs = await self._get(namespace, ids)
+        if min_seq is not None:
+            stale = mask & (seqs < np.asarray(min_seq, dtype=np.int64))
+            if stale.any():
+                self.stats.stale += int(stale.sum())
+                mask = mask & ~stale
+                rows[stale] = 0
         hits = int(mask.sum())
         self._record_lookup(namespace, hits, ids.size - hits)
         return mask, rows
 
     async def put_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray
+        self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray, seq: int = 0
     ) -> None:
-        """Store ``rows`` (``[N, namespace.dim]``, cast to float32) under ``node_ids``."""
+        """Store ``rows`` (``[N, namespace.dim]``, cast to float32) under ``node_ids``,
+        computed at graph sequence ``seq``."""
         ids = as_node_ids(node_ids)
         array = as_rows(rows, ids.size, namespace.dim)
         if ids.size:
-            await self._put(namespace, ids, array)
+            await self._put(namespace, ids, array, int(seq))
 
     @abc.abstractmethod
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(hit_mask, rows)`` of non-empty int64 ``ids`` (zero rows for misses and when
-        the backend fails); the caller records the lookup."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(hit_mask, rows, seqs)`` of non-empty int64 ``ids`` (zero rows for misses and
+        when the backend fails; ``seqs`` the graph sequence of each row); the caller
+        records the lookup."""
 
     @abc.abstractmethod
-    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Store float32 ``rows`` (``[len(ids), dim]``) under non-empty ``ids``; a
-        backend failure drops them."""
+    async def _put(
+        self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray, seq: int
+    ) -> None:
+        """Store float32 ``rows`` (``[len(ids), dim]``) computed at graph sequence ``seq``
+        under non-empty ``ids``; a backend failure drops them."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release connections and background tasks; the cache is unusable afterwards."""

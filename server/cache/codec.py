@@ -11,9 +11,12 @@ Value: an integrity envelope around one row (all little-endian)::
     dtype  u8       1 byte   1 = float32
     pad             3 bytes  zero
     dim    u32      4 bytes  row width
+    seq    u64      8 bytes  graph sequence the row was computed at (format 2)
     mac             16 bytes BLAKE2b-128 of (key, header, payload), keyed when the cache
                              has an integrity key
     payload         dim * 4  the row, float32
+
+Format 1 (written before graphs took updates) has no ``seq`` and reads as sequence 0.
 
 The MAC covers the key string, so the model, both versions, the sampling variant and the
 node id are bound to the row: a value copied under another key, a truncated or bit-flipped
@@ -44,6 +47,7 @@ __all__ = [
     "as_node_ids",
     "as_rows",
     "decode_rows",
+    "decode_rows_seq",
     "encode_rows",
     "make_cluster_keys",
     "make_keys",
@@ -53,14 +57,16 @@ __all__ = [
 ROW_DTYPE = np.dtype("<f4")
 """Stored dtype: little-endian float32, whatever the host byte order."""
 
-ENVELOPE_FORMAT = 1
-"""Version of the value layout; a value of another format is a miss."""
+ENVELOPE_FORMAT = 2
+"""Version of the value layout written; format 1 is still read (as sequence 0), any other
+format is a miss."""
 
 REJECT_REASONS = ("format", "checksum", "nonfinite")
 """Why a stored value is refused: ``format`` (length, magic, format, dtype or dim do not
 match), ``checksum`` (the MAC does not match key and payload), ``nonfinite`` (NaN/Inf)."""
 
-_HEADER = struct.Struct("<3sBB3xI")
+_HEADER = struct.Struct("<3sBB3xIQ")
+_HEADER_V1 = struct.Struct("<3sBB3xI")
 _MAGIC = b"HSE"
 _DTYPE_FLOAT32 = 1
 _MAC_BYTES = 16
@@ -141,16 +147,17 @@ def _mac(key: str, header: bytes, payload: bytes, secret: bytes | None) -> bytes
 
 
 def encode_rows(
-    rows: np.ndarray, keys: Sequence[str], secret: bytes | None = None
+    rows: np.ndarray, keys: Sequence[str], secret: bytes | None = None, seq: int = 0
 ) -> tuple[list[str], list[bytes]]:
-    """Envelope each finite row of a ``[N, dim]`` little-endian float32 array.
+    """Envelope each finite row of a ``[N, dim]`` little-endian float32 array, computed at
+    graph sequence ``seq``.
 
     Returns:
         ``(keys, values)`` of the rows to store: rows holding NaN or Inf are left out
         (they would be refused on read anyway).
     """
     dim = rows.shape[1]
-    header = _HEADER.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim)
+    header = _HEADER.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim, int(seq))
     finite = np.isfinite(rows).all(axis=1)
     buffer = rows.tobytes()
     width = dim * ROW_DTYPE.itemsize
@@ -175,21 +182,39 @@ def decode_rows(
         is a miss, its row zero, and counted in ``rejected`` by reason
         (:data:`REJECT_REASONS`); it is never returned as a row.
     """
+    mask, rows, _, rejected = decode_rows_seq(values, keys, dim, secret)
+    return mask, rows, rejected
+
+
+def decode_rows_seq(
+    values: Sequence[bytes | None],
+    keys: Sequence[str],
+    dim: int,
+    secret: bytes | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counter[str]]:
+    """:func:`decode_rows` plus each row's graph sequence (int64 ``[N]``, 0 for misses)."""
     n = len(values)
     width = dim * ROW_DTYPE.itemsize
-    header = _HEADER.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim)
+    prefix = _HEADER_V1.pack(_MAGIC, ENVELOPE_FORMAT, _DTYPE_FLOAT32, dim)
+    old = _HEADER_V1.pack(_MAGIC, 1, _DTYPE_FLOAT32, dim)
     rejected: Counter[str] = Counter()
     accepted: list[int] = []
     payloads: list[bytes] = []
+    seqs = np.zeros(n, dtype=np.int64)
     for i, value in enumerate(values):
         if value is None:
             continue
-        if len(value) != _PAYLOAD_AT + width or value[: _HEADER.size] != header:
+        if value[: _HEADER_V1.size] == old and len(value) == _HEADER_V1.size + _MAC_BYTES + width:
+            header, at = old, _HEADER_V1.size  # format 1: sequence 0
+        elif len(value) == _PAYLOAD_AT + width and value[: _HEADER_V1.size] == prefix:
+            header, at = value[: _HEADER.size], _HEADER.size
+            seqs[i] = _HEADER.unpack(header)[-1]
+        else:
             rejected["format"] += 1
             continue
-        payload = value[_PAYLOAD_AT:]
+        payload = value[at + _MAC_BYTES :]
         mac = _mac(keys[i], header, payload, secret)
-        if not hmac.compare_digest(mac, value[_HEADER.size : _PAYLOAD_AT]):
+        if not hmac.compare_digest(mac, value[at : at + _MAC_BYTES]):
             rejected["checksum"] += 1
             continue
         accepted.append(i)
@@ -204,4 +229,5 @@ def decode_rows(
         positions = np.asarray(accepted)[finite]
         rows[positions] = got[finite]
         mask[positions] = True
-    return mask, rows, rejected
+    seqs[~mask] = 0
+    return mask, rows, seqs, rejected

@@ -13,7 +13,7 @@ from hopserve.server.cache.base import CacheNamespace, CacheObserver, EmbeddingC
 
 __all__ = ["MemoryEmbeddingCache"]
 
-_Key = tuple[CacheNamespace, int]
+_Key = tuple[CacheNamespace, int]  # value: (expires_at, row, graph seq)
 
 
 class MemoryEmbeddingCache(EmbeddingCache):
@@ -47,7 +47,7 @@ class MemoryEmbeddingCache(EmbeddingCache):
         self.evictions = 0
         """Rows dropped to stay within ``max_entries`` (expired rows not included)."""
         self._clock = clock
-        self._rows: OrderedDict[_Key, tuple[float, np.ndarray]] = OrderedDict()
+        self._rows: OrderedDict[_Key, tuple[float, np.ndarray, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._record_available(True)  # in-process: always up
 
@@ -59,9 +59,10 @@ class MemoryEmbeddingCache(EmbeddingCache):
 
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         mask = np.zeros(ids.size, dtype=bool)
         rows = np.zeros((ids.size, namespace.dim), dtype=np.float32)
+        seqs = np.zeros(ids.size, dtype=np.int64)
         now = self._clock()
         with self._lock:
             for position, node in enumerate(ids.tolist()):
@@ -69,23 +70,26 @@ class MemoryEmbeddingCache(EmbeddingCache):
                 entry = self._rows.get(key)
                 if entry is None:
                     continue
-                expires_at, row = entry
+                expires_at, row, seq = entry
                 if expires_at <= now:
                     del self._rows[key]
                     continue
                 self._rows.move_to_end(key)
                 rows[position] = row
                 mask[position] = True
-        return mask, rows
+                seqs[position] = seq
+        return mask, rows, seqs
 
-    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray) -> None:
+    async def _put(
+        self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray, seq: int
+    ) -> None:
         expires_at = self._clock() + self.ttl_s if self.ttl_s else float("inf")
         with self._lock:
             for position, node in enumerate(ids.tolist()):
                 key = (namespace, node)
                 row = array[position].astype(np.float32)  # own copy: never pin the batch
                 row.flags.writeable = False
-                self._rows[key] = (expires_at, row)
+                self._rows[key] = (expires_at, row, seq)
                 self._rows.move_to_end(key)
             overflow = len(self._rows) - self.max_entries
             for _ in range(max(overflow, 0)):

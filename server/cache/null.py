@@ -16,8 +16,11 @@ class NullCache(EmbeddingCache):
 
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros(ids.size, dtype=bool), np.zeros((ids.size, namespace.dim), np.float32)
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = ids.size
+        return np.zeros(n, bool), np.zeros((n, namespace.dim), np.float32), np.zeros(n, np.int64)
 
-    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray) -> None:
+    async def _put(
+        self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray, seq: int
+    ) -> None:
         """Stores nothing."""

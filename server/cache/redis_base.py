@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hopserve.logs import rate_limited
 from hopserve.server.cache.base import CacheNamespace, CacheObserver, EmbeddingCache
-from hopserve.server.cache.codec import decode_rows, encode_rows, make_keys
+from hopserve.server.cache.codec import decode_rows_seq, encode_rows, make_keys
 
 __all__ = ["CLIENT_EXTRAS", "RedisBackedCache", "reason_of"]
 
@@ -178,25 +178,28 @@ class RedisBackedCache(EmbeddingCache):
 
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = ids.size
         mask = np.zeros(n, dtype=bool)
         rows = np.zeros((n, namespace.dim), dtype=np.float32)
+        none = (mask, rows, np.zeros(n, dtype=np.int64))
         if not self._usable():
-            return mask, rows
+            return none
         keys = self._keys(namespace, ids)
         if not await self._take_turn(namespace, "get"):
-            return mask, rows
+            return none
         start = time.perf_counter()
         try:
             values = await self._fetch(keys)
         except Exception as exc:  # a cache failure must never fail a request
             self._failed(exc, namespace, "get")
-            return mask, rows
+            return none
         finally:
             self._turns.release()
         self._reachable("get", time.perf_counter() - start)
-        mask, rows, rejected = decode_rows(values, keys, namespace.dim, self._integrity_key)
+        mask, rows, seqs, rejected = decode_rows_seq(
+            values, keys, namespace.dim, self._integrity_key
+        )
         if rejected:
             self._logger.debug(
                 "cached value(s) in %s:%s:... refused (%s); treated as misses",
@@ -205,12 +208,14 @@ class RedisBackedCache(EmbeddingCache):
                 dict(rejected),
             )
             self._record_rejected(namespace, rejected)
-        return mask, rows
+        return mask, rows, seqs
 
-    async def _put(self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray) -> None:
+    async def _put(
+        self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray, seq: int
+    ) -> None:
         if not self._usable():
             return
-        keys, packed = encode_rows(array, self._keys(namespace, ids), self._integrity_key)
+        keys, packed = encode_rows(array, self._keys(namespace, ids), self._integrity_key, seq)
         if not keys:
             return
         expiry: tuple[Any, ...] = ("EX", self.ttl_s) if self.ttl_s else ()

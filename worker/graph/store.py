@@ -88,8 +88,11 @@ class GraphStore:
         labels: np.ndarray | torch.Tensor | None = None,
         node_ids: np.ndarray | torch.Tensor | None = None,
         path: str | Path | None = None,
+        topology: GraphTopology | None = None,
     ) -> None:
-        self.topology = GraphTopology(
+        # ``topology``: an existing view of the same arrays (a living graph's snapshot,
+        # with its degrees and ID index carried over) instead of a new one.
+        self.topology = topology or GraphTopology(
             meta,
             _writable(indptr),
             _writable(indices),

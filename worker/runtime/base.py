@@ -34,6 +34,7 @@ from torch import nn
 from hopserve.proto.contract import (
     DeadlineExceededError,
     DeviceMemory,
+    GraphVersionMismatchError,
     InvalidJobError,
     Job,
     JobError,
@@ -44,7 +45,9 @@ from hopserve.proto.contract import (
     time_left,
 )
 from hopserve.rpc import clip, quote
+from hopserve.worker.graph.live import GraphSeqError, open_live
 from hopserve.worker.loader import ModelLoadError, load_model
+from hopserve.worker.runtime.degrees import degree_normalized
 from hopserve.worker.runtime.job_checks import (
     check_deadline,
     check_graph_version,
@@ -55,6 +58,7 @@ from hopserve.worker.runtime.job_checks import (
 if TYPE_CHECKING:  # pragma: no cover
     from hopserve.config import EngineConfig, ModelConfig
     from hopserve.worker.engine.factory import Evaluator
+    from hopserve.worker.graph.live import LiveGraph
     from hopserve.worker.graph.store import GraphStore
 
 __all__ = ["LoadedModel", "Worker"]
@@ -73,25 +77,51 @@ class LoadedModel:
     dim: int  # output embedding width
     description: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    live: LiveGraph | None = None  # the graph's updates (None: a fixed in-memory graph)
 
     @property
     def num_layers(self) -> int:
         return int(self.evaluator.num_layers)
 
+    @property
+    def status_graph_version(self) -> str:
+        """The graph's version as jobs name it (a living graph's lineage version)."""
+        return self.live.lineage_version if self.live is not None else self.graph.version
+
     def status(self) -> ModelStatus:
         """What the front-end needs to serve this model (the same in process and remote)."""
+        live = self.live
         return ModelStatus(
             name=self.name,
             version=self.version,
             dim=self.dim,
             num_layers=self.num_layers,
-            graph_version=self.graph.version,
-            graph_num_nodes=self.graph.num_nodes,
+            graph_version=live.lineage_version if live is not None else self.graph.version,
+            graph_num_nodes=live.topology.num_nodes if live is not None else self.graph.num_nodes,
             mode=self.evaluator.mode,
             reads_input_frontier=bool(self.evaluator.reads_input_frontier),
             blocks=self.evaluator.blocks(),
             description=self.description,
+            graph_seq=live.seq if live is not None else 0,
+            degree_normalized=degree_normalized(self.evaluator),
         )
+
+    @contextmanager
+    def graph_at(self, job: Job) -> Iterator[GraphStore]:
+        """The graph store at the job's sequence, held (no update applies) while inside.
+
+        Raises:
+            GraphVersionMismatchError: the graph moved past the job's sequence.
+        """
+        if self.live is None:
+            yield self.graph
+            return
+        seq = job.graph_seq if job.graph_version else None
+        try:
+            with self.live.reading(seq):
+                yield self.live.store()
+        except GraphSeqError as err:
+            raise GraphVersionMismatchError(f"job {clip(job.job_id)}: {err}") from None
 
 
 class Worker(abc.ABC):
@@ -150,7 +180,6 @@ class Worker(abc.ABC):
         Raises:
             ModelLoadError: the class, weights, graph or split cannot be used.
         """
-        from hopserve.worker.graph.store import GraphStore
 
         if torch.device(cfg.device).type != self.device.type:
             log.info(
@@ -162,7 +191,9 @@ class Worker(abc.ABC):
         self._ensure_device()
         where = f"model {cfg.name!r} version {cfg.version!r}"
         try:
-            graph = GraphStore.open(cfg.graph, mmap=True)
+            live = open_live(cfg.graph, with_features=True)
+            with live.reading():
+                graph = live.store()
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"{where}: graph {str(cfg.graph)!r}: {err}") from err
         try:
@@ -176,7 +207,7 @@ class Worker(abc.ABC):
             )
         except ModelLoadError as err:
             raise ModelLoadError(f"{where}: {err}") from None
-        return self.add_model(
+        entry = self.add_model(
             cfg.name,
             cfg.version,
             model,
@@ -186,6 +217,8 @@ class Worker(abc.ABC):
             hops=cfg.hops,
             description=cfg.entrypoint,
         )
+        entry.live = live
+        return entry
 
     def add_model(
         self,
@@ -295,8 +328,14 @@ class Worker(abc.ABC):
         """
         started = time.perf_counter()
         entry = self.model(job.model, job.model_version)
-        check_graph_version(job, entry.graph.version)
-        targets = check_targets(job, entry.graph.num_nodes)
+        check_graph_version(job, entry.status_graph_version)
+        with entry.graph_at(job) as graph:
+            return self._execute_on(job, entry, graph, started)
+
+    def _execute_on(
+        self, job: Job, entry: LoadedModel, graph: GraphStore, started: float
+    ) -> JobResult:
+        targets = check_targets(job, graph.num_nodes)
         check_deadline(job)
         with self._counted("queued"):
             left = time_left(job)
@@ -310,6 +349,8 @@ class Worker(abc.ABC):
         try:
             with self._counted("running"), self._device_context():
                 check_deadline(job)
+                if entry.graph is not graph:  # the graph moved on: evaluate on this one
+                    entry.graph = entry.evaluator.graph = graph
                 t0 = time.perf_counter()
                 plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
                 checked_s = time.perf_counter() - t0
@@ -334,7 +375,8 @@ class Worker(abc.ABC):
             stats,
             worker=self.worker_id,
             model_version=entry.version,
-            graph_version=entry.graph.version,
+            graph_version=entry.status_graph_version,
+            graph_seq=int(getattr(graph.topology, "seq", 0)),
         )
 
     def _evaluate(self, job: Job, entry: LoadedModel, plan, targets: np.ndarray) -> torch.Tensor:  # noqa: ANN001

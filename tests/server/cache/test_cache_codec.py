@@ -48,7 +48,7 @@ def test_rows_round_trip_exact_bytes() -> None:
     keys = make_keys("hopserve", NS, np.arange(5))
     stored_keys, packed = encode_rows(rows, keys)
     assert stored_keys == keys
-    assert all(len(v) == 28 + 12 for v in packed)  # header + MAC + 3 float32
+    assert all(len(v) == 20 + 16 + 12 for v in packed)  # header + MAC + 3 float32
     assert packed[2].endswith(rows[2].astype("<f4").tobytes())
     mask, out, rejected = decode_rows([*packed, None], [*keys, "hopserve:m:1:g:exact:9"], 3)
     assert mask.tolist() == [True] * 5 + [False]
@@ -109,7 +109,7 @@ def test_a_forged_envelope_with_non_finite_values_is_refused() -> None:
     forged = []
     for key, row in zip(keys, rows, strict=True):  # build the envelope by hand
         _, (template,) = encode_rows(np.zeros((1, 3), "<f4"), [key])
-        header = template[:12]
+        header = template[:20]
         forged.append(header + codec._mac(key, header, row.tobytes(), None) + row.tobytes())
     mask, out, rejected = decode_rows(forged, keys, 3)
     assert not mask.any() and rejected == {"nonfinite": 2} and not out.any()
@@ -124,3 +124,22 @@ def test_argument_validation() -> None:
         as_node_ids(np.array([1.5]))
     with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
         as_rows(np.zeros((2, 4)), 2, 3)
+
+
+def test_rows_carry_their_graph_sequence_and_format_1_reads_as_sequence_0() -> None:
+    keys = make_keys("hopserve", NS, np.arange(2))
+    rows = np.ones((2, 3), "<f4")
+    _, values = encode_rows(rows, keys, seq=41)
+    mask, out, seqs, rejected = codec.decode_rows_seq([*values, None], [*keys, keys[0]], 3)
+    assert mask.tolist() == [True, True, False] and seqs.tolist() == [41, 41, 0]
+    # A value written before sequences existed (format 1, no seq field) is still a row.
+    header = codec._HEADER_V1.pack(b"HSE", 1, 1, 3)
+    payload = rows[0].tobytes()
+    old = header + codec._mac(keys[0], header, payload, None) + payload
+    mask, out, seqs, rejected = codec.decode_rows_seq([old], keys[:1], 3)
+    assert mask.all() and seqs.tolist() == [0] and not rejected
+    # The sequence is under the MAC: raising it (to dodge invalidation) breaks the check.
+    bumped = bytearray(values[0])
+    bumped[12] ^= 0xFF
+    mask, _, _, rejected = codec.decode_rows_seq([bytes(bumped)], keys[:1], 3)
+    assert not mask.any() and rejected == {"checksum": 1}

@@ -59,8 +59,8 @@ def test_stored_value_is_packed_little_endian_float32(redis_server: str) -> None
             rows = random_rows(1)
             await cache.put_many(NS, np.array([42]), rows.astype(np.float64))
         raw = redis.Redis.from_url(redis_server).get("hs:cora:1:g1:exact:42")
-        assert raw.startswith(b"HSE\x01\x01")  # envelope format 1, float32
-        assert raw.endswith(rows[0].astype("<f4").tobytes()) and len(raw) == 28 + NS.dim * 4
+        assert raw.startswith(b"HSE\x02\x01")  # envelope format 2, float32
+        assert raw.endswith(rows[0].astype("<f4").tobytes()) and len(raw) == 36 + NS.dim * 4
 
     run(scenario)
 

@@ -76,7 +76,7 @@ def test_round_trip_exact_bytes_on_every_master(redis_cluster: LocalRedisCluster
     run(scenario)
     client = raw_client(redis_cluster)
     key = f"hopserve:{{cora:1:g1:exact:{ids[0] % 256}}}:{ids[0]}"
-    assert client.get(key).startswith(b"HSE\x01\x01")  # the envelope of a single Redis
+    assert client.get(key).startswith(b"HSE\x02\x01")  # the envelope of a single Redis
     assert 110 <= client.ttl(key) <= 120
     for port in redis_cluster.primaries():  # the rows are spread over every master
         with redis_cluster.node(port).client() as node:

@@ -1,0 +1,487 @@
+"""LiveGraph: a graph store that takes updates — base store + update log + current snapshot.
+
+::
+
+    <graph>/                  the base store as built (never modified)
+    <graph>/updates/log       the update log (log.py): every acknowledged batch
+    <graph>/updates/BASE      {"dir", "seq"}: the compacted base in use, if any
+    <graph>/updates/base-<seq>/   a compacted base store (sequence <seq> folded in)
+
+``apply(batch)``: check it whole (``mutations.resolve``), append it to the log and fsync,
+build the next snapshot, replace features in place (under the write lock), then mark the
+rows it can change stale for every tracked model kind — all before returning. Jobs read
+under :meth:`LiveGraph.reading`, which waits for a batch being applied and catches a
+process that is behind up from the log; a job planned at another sequence is refused.
+
+Every process opening the same folder replays the same log in sequence order: the
+front-end's planner, in-process workers (which share one object per folder through
+:func:`open_live`) and worker processes (which catch up from the file when a job names a
+later sequence). ``version`` of a snapshot is unique per sequence; the *lineage* version
+(the original base store's) names the graph in cache keys and jobs, and survives compaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hopserve.worker.graph.live.invalidation import affected_nodes
+from hopserve.worker.graph.live.log import UpdateLog
+from hopserve.worker.graph.live.mutations import (
+    InvalidUpdateError,
+    MutationBatch,
+    ResolvedBatch,
+    decode,
+    encode,
+    resolve,
+)
+from hopserve.worker.graph.live.snapshot import GraphSnapshot, apply_batch
+from hopserve.worker.graph.topology import GraphTopology
+
+__all__ = ["ApplyResult", "GraphSeqError", "LiveGraph", "ModelKind", "open_live"]
+
+log = logging.getLogger(__name__)
+
+UPDATES_DIR = "updates"
+LOG_FILE = "log"
+BASE_FILE = "BASE"
+KEYS_REMEMBERED = 100_000  # idempotency keys kept in memory (those in the log are kept too)
+
+ModelKind = tuple[int, bool]
+"""``(num_layers, degree_normalized)``: what decides a model's invalidation set."""
+
+
+class GraphSeqError(RuntimeError):
+    """A job names a graph sequence this process cannot evaluate at (it moved past it)."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Outcome of one batch."""
+
+    seq: int
+    nodes_added: int
+    edges_added: int
+    edges_removed: int
+    features_set: int
+    rows_invalidated: int
+    """Affected rows summed over the tracked model kinds."""
+    num_nodes: int
+    num_edges: int
+    replayed: bool = False
+    apply_s: float = 0.0
+    """Seconds from the start of the apply to the answer (fsync and invalidation included)."""
+
+
+class _RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class LiveGraph:
+    """See the module docstring. Open with :func:`open_live` (one object per folder)."""
+
+    def __init__(self, path: str | Path, *, with_features: bool = False) -> None:
+        self.path = Path(path)
+        self.updates_dir = self.path / UPDATES_DIR
+        self.with_features = with_features
+        self._lock = _RWLock()
+        self._mutex = threading.Lock()  # serializes writers' bookkeeping (apply, compact)
+        self._stale: dict[ModelKind, np.ndarray] = {}
+        self._keys: OrderedDict[str, ApplyResult] = OrderedDict()
+        self._stores: dict[int, object] = {}  # seq -> GraphStore (worker view), latest only
+        self._features = None  # torch tensor [capacity, F] once copied, else the base's
+        self.compacting = False
+        self._open_base()
+
+    # ------------------------------------------------------------------ opening
+    def _open_base(self) -> None:
+        """Open the base in use (compacted or original) and replay the log on top."""
+        base_dir, base_seq = self.path, 0
+        pointer = self.updates_dir / BASE_FILE
+        lineage = GraphTopology.open(self.path).version
+        if pointer.is_file():
+            info = json.loads(pointer.read_text())
+            base_dir, base_seq = self.updates_dir / info["dir"], int(info["seq"])
+            lineage = info.get("lineage", lineage)
+        topo = GraphTopology.open(base_dir)
+        self.lineage_version = lineage
+        self.base_dir, self.base_seq = base_dir, base_seq
+        snap = GraphSnapshot(
+            topo.meta, topo.indptr, topo.indices, topo.node_ids, base_dir,
+            seq=base_seq, base_version=lineage,
+        )  # fmt: skip
+        if base_seq:  # a compacted base: its version must differ per sequence
+            snap.meta = snap.meta.model_copy(update={"version": f"{lineage}+{base_seq}"})
+        self._base_store = None
+        self._features = None
+        self.snapshot = snap
+        self.log = UpdateLog(self.updates_dir / LOG_FILE)
+        for stale in self._stale.values():
+            stale[:] = base_seq
+        self._replay(self.log.last_seq or base_seq)
+
+    def _replay(self, upto: int) -> None:
+        for seq, payload in self.log.read(self.snapshot.seq, upto):
+            batch = decode(payload, self.snapshot.feature_dim)
+            if batch.seq != seq:
+                raise RuntimeError(f"{self.log.path}: record {seq} holds batch {batch.seq}")
+            self._apply_resolved(batch)
+            if batch.idempotency_key:
+                self._remember(batch.idempotency_key, _result_of(batch, self.snapshot, 0))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def seq(self) -> int:
+        """Current graph sequence."""
+        return self.snapshot.seq
+
+    @property
+    def topology(self) -> GraphSnapshot:
+        """The current snapshot (immutable: hold it for a consistent view)."""
+        return self.snapshot
+
+    def track(self, kind: ModelKind) -> None:
+        """Keep stale-since sequences for models of ``kind`` (see :meth:`stale_since`)."""
+        with self._mutex:
+            if kind not in self._stale:
+                self._stale[kind] = np.full(self.snapshot.num_nodes, self.base_seq, np.int64)
+
+    def stale_since(self, kind: ModelKind, nodes: np.ndarray) -> np.ndarray:
+        """Per storage node: the sequence of the last batch that could change its row
+        (a row computed at an earlier sequence is stale). Untracked kinds: the current
+        sequence (nothing cached before now is trusted)."""
+        stale = self._stale.get(kind)
+        if stale is None:
+            return np.full(nodes.shape, self.seq, dtype=np.int64)
+        out = np.full(nodes.shape, self.seq, dtype=np.int64)
+        known = nodes < stale.size
+        out[known] = stale[nodes[known]]
+        return out
+
+    # ------------------------------------------------------------------ updates
+    def apply(self, batch: MutationBatch) -> ApplyResult:
+        """Apply one batch durably and atomically (see the module docstring).
+
+        Raises:
+            InvalidUpdateError: the batch is refused as a whole (names the mutation).
+            OSError: the log could not be written (nothing applied).
+        """
+        start = time.perf_counter()
+        with self._mutex:
+            if batch.idempotency_key and batch.idempotency_key in self._keys:
+                done = self._keys[batch.idempotency_key]
+                return _replace(done, replayed=True, apply_s=time.perf_counter() - start)
+            self._catch_up_locked(None)
+            resolved = resolve(batch, self.snapshot, self.seq + 1)
+            if batch.empty:
+                raise InvalidUpdateError("the batch holds no mutation")
+            self.log.append(resolved.seq, encode(resolved))
+            with self._lock.write():
+                self._apply_resolved(resolved)
+            invalidated = self._invalidate(resolved)
+            result = _result_of(resolved, self.snapshot, invalidated)
+            result = _replace(result, apply_s=time.perf_counter() - start)
+            if resolved.idempotency_key:
+                self._remember(resolved.idempotency_key, result)
+            return result
+
+    def _apply_resolved(self, batch: ResolvedBatch) -> None:
+        """Next snapshot and features (caller holds the write lock, or is opening)."""
+        self.snapshot = apply_batch(self.snapshot, batch)
+        if self.with_features:
+            self._write_features(batch)
+        self._stores.clear()
+
+    def _invalidate(self, batch: ResolvedBatch) -> int:
+        total = 0
+        snap = self.snapshot
+        for kind, stale in list(self._stale.items()):
+            if stale.size < snap.num_nodes:
+                grown = np.full(snap.num_nodes, batch.seq, np.int64)
+                grown[: stale.size] = stale
+                self._stale[kind] = stale = grown
+            nodes = affected_nodes(snap, batch, kind[0], kind[1])
+            stale[nodes] = batch.seq
+            total += int(nodes.size)
+        return total
+
+    def _remember(self, key: str, result: ApplyResult) -> None:
+        self._keys[key] = result
+        while len(self._keys) > KEYS_REMEMBERED:
+            self._keys.popitem(last=False)
+
+    def catch_up(self, seq: int | None = None) -> None:
+        """Apply log records another process appended, up to ``seq`` (``None`` = all)."""
+        with self._mutex:
+            self._catch_up_locked(seq)
+
+    def _catch_up_locked(self, seq: int | None) -> None:
+        if seq is not None and seq <= self.seq:
+            return
+        self.log._refresh()
+        first = self.log.first_seq
+        if first is not None and first > self.seq + 1 or self._base_moved():
+            log.info("%s: the base was compacted past sequence %d; reopening", self.path, self.seq)
+            with self._lock.write():
+                self._open_base()
+            return
+        with self._lock.write():
+            self._replay(seq if seq is not None else (self.log.last_seq or self.seq))
+
+    def _base_moved(self) -> bool:
+        pointer = self.updates_dir / BASE_FILE
+        if not pointer.is_file():
+            return False
+        return int(json.loads(pointer.read_text())["seq"]) > self.base_seq and (
+            self.log.first_seq is None or self.log.first_seq > self.seq + 1
+        )
+
+    @contextmanager
+    def reading(self, seq: int | None = None) -> Iterator[GraphSnapshot]:
+        """Hold the graph at sequence ``seq`` (``None`` = the current one) for a job.
+
+        A process behind ``seq`` catches up from the log first. Raises
+        :class:`GraphSeqError` when the graph has moved past ``seq`` (plan again).
+        """
+        if seq is not None and seq > self.seq:
+            self.catch_up(seq)
+        with self._lock.read():
+            if seq is not None and seq != self.seq:
+                raise GraphSeqError(
+                    f"graph {self.path.name}: the job was planned at sequence {seq}, this "
+                    f"process is at {self.seq}"
+                )
+            yield self.snapshot
+
+    # ------------------------------------------------------------------ features (worker)
+    def store(self):  # -> GraphStore
+        """The worker's :class:`~hopserve.worker.graph.store.GraphStore` of the current
+        snapshot (features included). Call while holding :meth:`reading`."""
+        from hopserve.worker.graph.store import GraphStore
+
+        snap = self.snapshot
+        cached = self._stores.get(snap.seq)
+        if cached is not None:
+            return cached
+        base = self._base()
+        if snap.seq == self.base_seq and self._features is None:
+            store = base
+        else:
+            features = self._features if self._features is not None else base.features
+            store = GraphStore(
+                meta=snap.meta,
+                indptr=snap.indptr,
+                indices=snap.indices,
+                features=features[: snap.num_nodes],
+                node_ids=snap.node_ids,
+                path=snap.path,
+                topology=snap,
+            )
+        self._stores = {snap.seq: store}
+        return store
+
+    def _base(self):  # -> GraphStore
+        from hopserve.worker.graph.store import GraphStore
+
+        if self._base_store is None:
+            self._base_store = GraphStore.open(self.base_dir)
+            if self.snapshot.seq == self.base_seq:
+                self._base_store.topology = self.snapshot
+        return self._base_store
+
+    def enable_features(self) -> None:
+        """Keep features (a worker shares this object): replays the log's feature rows."""
+        with self._mutex, self._lock.write():
+            if self.with_features:
+                return
+            self.with_features = True
+            if self.seq != self.base_seq:  # rebuild from the base with features on
+                self._open_base()
+
+    def _write_features(self, batch: ResolvedBatch) -> None:
+        import torch
+
+        base = self._base()
+        n_before, k = batch.num_nodes_before, batch.new_node_ids.size
+        feats = self._features if self._features is not None else base.features
+        if k and feats.shape[0] < n_before + k:
+            cap = max(n_before + k, int(n_before * 1.25) + 1024)
+            grown = torch.empty((cap, feats.shape[1]), dtype=feats.dtype)
+            grown[:n_before] = feats[:n_before]
+            feats = grown
+        elif self._features is None:  # first change: a private copy of the base rows
+            feats = feats.clone()
+        if k:
+            feats[n_before : n_before + k] = torch.from_numpy(batch.new_features).to(feats.dtype)
+        if batch.set_nodes.size:
+            rows = torch.from_numpy(batch.set_nodes)
+            feats[rows] = torch.from_numpy(batch.set_features).to(feats.dtype)
+        self._features = feats
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, progress: bool = False) -> int:
+        """Fold the log into a new base store; returns the sequence folded in.
+
+        Written to a temporary folder and swapped in atomically (``BASE`` is replaced by
+        rename) while serving continues; readers keep their snapshot throughout. A crash
+        at any point leaves the old base + whole log or the new base + the log's rest.
+        """
+        from hopserve.worker.graph.contents import ArrayFeatures, StoreContents, write_contents
+
+        with self._mutex:
+            if self.compacting:
+                raise RuntimeError(f"graph {self.path}: a compaction is already running")
+            self.compacting = True
+        try:
+            with self._lock.read():
+                snap = self.snapshot
+                feats = self._features if self._features is not None else self._base().features
+                features = feats[: snap.num_nodes].numpy().copy()
+            if snap.seq == self.base_seq:
+                return snap.seq
+            name = f"base-{snap.seq:012d}"
+            target = self.updates_dir / name
+            contents = StoreContents(
+                indptr=snap.indptr,
+                indices=snap.indices,
+                features=ArrayFeatures(features),
+                feature_perm=None,
+                node_ids=snap.to_external(np.arange(snap.num_nodes)),
+                labels=None,
+                ordering=snap.meta.ordering,
+                flags=snap.meta.flags,
+            )
+            write_contents(target, contents, overwrite=True, progress=progress)
+            info = {"dir": name, "seq": snap.seq, "lineage": self.lineage_version}
+            tmp = self.updates_dir / (BASE_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                f.write(json.dumps(info) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.updates_dir / BASE_FILE)
+            _fsync_dir(self.updates_dir)
+            with self._mutex:
+                old_dir = self.base_dir
+                self.log.rewrite(after=snap.seq)
+                self.base_dir, self.base_seq = target, snap.seq
+                self._base_store = None
+            if old_dir != self.path and old_dir != target:
+                shutil.rmtree(old_dir, ignore_errors=True)
+            log.info("compacted %s at sequence %d into %s", self.path, snap.seq, target)
+            return snap.seq
+        finally:
+            self.compacting = False
+
+    def info(self) -> dict:
+        """State for ``GetGraph`` and metrics."""
+        snap = self.snapshot
+        return {
+            "path": str(self.path),
+            "graph_version": self.lineage_version,
+            "graph_seq": snap.seq,
+            "base_seq": self.base_seq,
+            "log_batches": len(self.log),
+            "log_bytes": self.log.size_bytes,
+            "num_nodes": snap.num_nodes,
+            "num_edges": snap.num_edges,
+            "compacting": self.compacting,
+        }
+
+
+def _result_of(batch: ResolvedBatch, snap: GraphSnapshot, invalidated: int) -> ApplyResult:
+    return ApplyResult(
+        seq=batch.seq,
+        nodes_added=int(batch.new_node_ids.size),
+        edges_added=int(batch.add_src.size),
+        edges_removed=int(batch.remove_src.size),
+        features_set=int(batch.set_nodes.size),
+        rows_invalidated=invalidated,
+        num_nodes=snap.num_nodes,
+        num_edges=snap.num_edges,
+    )
+
+
+def _replace(result: ApplyResult, **changes) -> ApplyResult:
+    from dataclasses import replace
+
+    return replace(result, **changes)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_OPEN: dict[str, LiveGraph] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_live(path: str | Path, *, with_features: bool = False) -> LiveGraph:
+    """The process's :class:`LiveGraph` of the store at ``path`` (one per folder, shared
+    by the front-end and in-process workers)."""
+    key = os.path.realpath(path)
+    with _OPEN_LOCK:
+        live = _OPEN.get(key)
+        if live is None:
+            live = _OPEN[key] = LiveGraph(path, with_features=with_features)
+            return live
+    if with_features:
+        live.enable_features()
+    return live
+
+
+def forget_live(path: str | Path | None = None) -> None:
+    """Drop the shared object of ``path`` (all with ``None``): tests, reopening after a crash."""
+    with _OPEN_LOCK:
+        if path is None:
+            _OPEN.clear()
+        else:
+            _OPEN.pop(os.path.realpath(path), None)

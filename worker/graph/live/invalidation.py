@@ -1,0 +1,53 @@
+r"""Which embeddings a batch of mutations can change: the exact L-hop downstream set.
+
+For an L-layer model, :math:`h^l_x` depends on :math:`h^{l-1}` of ``x`` and of its
+in-neighbours, on ``x``'s in-edge list and, for degree-normalized convs, on the degrees of
+``x`` and of its in-neighbours. A batch changes:
+
+* the features of ``F`` (set_features; new nodes have no rows yet, their edges count below);
+* the in-edge lists of the destinations ``D`` of added and removed edges;
+* for degree-normalized convs, the in-degree of ``D`` and the out-degree of the sources
+  ``S``; a node's degree enters the rows of its out-neighbours.
+
+Layer 1 rows that can change: :math:`C^1 = D \cup F \cup N_{out}(F)`, plus
+:math:`N_{out}(D \cup S)` when degree-normalized; then
+:math:`C^l = C^{l-1} \cup N_{out}(C^{l-1})`. The affected rows are :math:`C^L`. Out-edges
+are those of the graph *after* the batch: every removed edge's destination is in
+:math:`C^1`, so a path through a removed edge is covered from there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hopserve.worker.graph.live.mutations import ResolvedBatch
+from hopserve.worker.graph.live.snapshot import GraphSnapshot
+from hopserve.worker.graph.planner import sorted_union
+
+__all__ = ["affected_nodes"]
+
+
+def affected_nodes(
+    after: GraphSnapshot, batch: ResolvedBatch, num_layers: int, degree_normalized: bool
+) -> np.ndarray:
+    """Sorted storage ids whose layer-``num_layers`` rows ``batch`` can change.
+
+    New nodes are included when something reaches them (their rows cannot be cached, but
+    a request-scoped computation may have seen them).
+    """
+    n = after.num_nodes
+    dst = np.concatenate([batch.add_dst, batch.remove_dst])
+    src = np.concatenate([batch.add_src, batch.remove_src])
+    feats = batch.set_nodes
+    seeds = [dst, feats, after.out_neighbours(feats)]
+    if degree_normalized:
+        seeds.append(after.out_neighbours(sorted_union(n, dst, src)))
+    current = sorted_union(n, *seeds)
+    frontier = current
+    for _ in range(num_layers - 1):
+        if frontier.size == 0:
+            break
+        reached = sorted_union(n, after.out_neighbours(frontier))
+        frontier = np.setdiff1d(reached, current, assume_unique=True)
+        current = sorted_union(n, current, frontier)
+    return current

@@ -1,0 +1,273 @@
+"""A batch of graph mutations: its typed form, its checks and its bytes in the update log.
+
+A :class:`MutationBatch` names nodes by *external* ID (what clients send);
+:func:`resolve` checks it whole against the graph as it is and returns a
+:class:`ResolvedBatch` in storage ids, or raises :class:`InvalidUpdateError` naming the
+first offending mutation (kind, index, value), so a bad batch is refused before any of it
+is written or applied. Order inside a batch: add_nodes, remove_edges, add_edges,
+set_features. New nodes get storage ids ``N, N+1, …`` in the order given.
+
+Log bytes (:func:`encode` / :func:`decode`): no pickle, only a fixed header per array
+(name, dtype code, length) and the raw little-endian values.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hopserve.worker.graph.ids import first_duplicate
+
+__all__ = ["InvalidUpdateError", "MutationBatch", "ResolvedBatch", "decode", "encode", "resolve"]
+
+MAX_KEY_CHARS = 128
+
+
+class InvalidUpdateError(ValueError):
+    """The batch cannot be applied (names the offending mutation); nothing was applied."""
+
+
+def _ids(values: object, what: str) -> np.ndarray:
+    arr = np.asarray(values if values is not None else [], dtype=np.int64).reshape(-1)
+    return np.ascontiguousarray(arr)
+
+
+@dataclass
+class MutationBatch:
+    """Mutations applied atomically, in the order of the fields."""
+
+    add_node_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """External IDs of new nodes (int64 ``[k]``)."""
+    add_node_features: np.ndarray | None = None
+    """Their features, float32 ``[k, F]``."""
+    remove_src: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Edges to remove (every copy of each ``src -> dst``), sources."""
+    remove_dst: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """... and destinations."""
+    add_src: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Edges to add, sources (external IDs)."""
+    add_dst: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """... and destinations."""
+    set_node_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Existing nodes whose features are replaced."""
+    set_features: np.ndarray | None = None
+    """Their new features, float32 ``[m, F]``."""
+    idempotency_key: str = ""
+    """Client key making a retry safe ("" = none)."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "add_node_ids",
+            "remove_src",
+            "remove_dst",
+            "add_src",
+            "add_dst",
+            "set_node_ids",
+        ):
+            setattr(self, name, _ids(getattr(self, name), name))
+
+    @property
+    def empty(self) -> bool:
+        """Whether the batch mutates nothing."""
+        return not (
+            self.add_node_ids.size or self.remove_src.size or self.add_src.size
+            or self.set_node_ids.size
+        )  # fmt: skip
+
+    @property
+    def num_mutations(self) -> int:
+        """Nodes added + edges removed/added + feature rows set."""
+        return int(
+            self.add_node_ids.size + self.remove_src.size + self.add_src.size
+            + self.set_node_ids.size
+        )  # fmt: skip
+
+
+@dataclass
+class ResolvedBatch:
+    """A checked batch in storage ids of the graph it was resolved against."""
+
+    seq: int
+    """Graph sequence this batch creates."""
+    num_nodes_before: int
+    """``N`` before the batch; new nodes are ``N … N+k-1``."""
+    new_node_ids: np.ndarray
+    """External IDs of the new nodes (int64 ``[k]``)."""
+    new_features: np.ndarray
+    """float32 ``[k, F]``."""
+    remove_src: np.ndarray
+    remove_dst: np.ndarray
+    add_src: np.ndarray
+    add_dst: np.ndarray
+    set_nodes: np.ndarray
+    """Storage ids whose features are replaced (unique; the last row given wins)."""
+    set_features: np.ndarray
+    """float32 ``[len(set_nodes), F]``."""
+    idempotency_key: str = ""
+
+
+def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
+    if values is None:
+        if n:
+            raise InvalidUpdateError(f"{what}: {n} node(s) given without features")
+        return np.zeros((0, dim), dtype=np.float32)
+    arr = np.asarray(values)
+    if arr.ndim != 2 or arr.shape[0] != n:
+        raise InvalidUpdateError(
+            f"{what}: features have shape {list(arr.shape)}, expected [{n}, {dim}]"
+        )
+    if arr.shape[1] != dim:
+        raise InvalidUpdateError(
+            f"{what}: feature width {arr.shape[1]} does not match the graph's {dim}"
+        )
+    if arr.dtype.kind != "f":
+        raise InvalidUpdateError(f"{what}: features must be floating point, got {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidUpdateError(f"{what}[{i}]: features hold NaN or Inf")
+    return arr
+
+
+def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
+    """Check ``batch`` against ``graph`` (a snapshot) and map it to storage ids.
+
+    Raises:
+        InvalidUpdateError: the first problem found, naming the mutation: an unknown
+            endpoint, a duplicate or existing new ID, a pair to remove that is not an
+            edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key.
+    """
+    key = batch.idempotency_key
+    if len(key) > MAX_KEY_CHARS or not key.isprintable():
+        raise InvalidUpdateError(
+            f"idempotency_key must be at most {MAX_KEY_CHARS} printable characters"
+        )
+    n, dim = graph.num_nodes, graph.feature_dim
+    new_ids = batch.add_node_ids
+    dup = first_duplicate(new_ids)
+    if dup is not None:
+        raise InvalidUpdateError(
+            f"add_nodes[{dup[0]}]: node ID {int(new_ids[dup[0]])} is given twice "
+            f"(also add_nodes[{dup[1]}])"
+        )
+    if new_ids.size:
+        _, found = graph.find(new_ids)
+        if found.any():
+            i = int(np.flatnonzero(found)[0])
+            raise InvalidUpdateError(
+                f"add_nodes[{i}]: node ID {int(new_ids[i])} is already in the graph"
+            )
+    new_rows = _rows(batch.add_node_features, new_ids.size, dim, "add_nodes")
+    order = np.argsort(new_ids, kind="stable")
+    sorted_new = new_ids[order]
+
+    def storage(ids: np.ndarray, what: str, allow_new: bool) -> np.ndarray:
+        out, found = graph.find(ids)
+        if allow_new and sorted_new.size and not found.all():
+            miss = np.flatnonzero(~found)
+            pos = np.minimum(np.searchsorted(sorted_new, ids[miss]), sorted_new.size - 1)
+            hit = sorted_new[pos] == ids[miss]
+            out[miss[hit]] = n + order[pos[hit]]
+            found[miss[hit]] = True
+        if not found.all():
+            i = int(np.flatnonzero(~found)[0])
+            raise InvalidUpdateError(f"{what}[{i}]: node ID {int(ids[i])} is not in the graph")
+        return out
+
+    for name, src, dst in (
+        ("remove_edges", batch.remove_src, batch.remove_dst),
+        ("add_edges", batch.add_src, batch.add_dst),
+    ):
+        if src.size != dst.size:
+            raise InvalidUpdateError(f"{name}: {src.size} sources but {dst.size} destinations")
+    r_src = storage(batch.remove_src, "remove_edges.src", False)
+    r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
+    if r_src.size:
+        exists = graph.has_edges(r_src, r_dst)
+        if not exists.all():
+            i = int(np.flatnonzero(~exists)[0])
+            raise InvalidUpdateError(
+                f"remove_edges[{i}]: {int(batch.remove_src[i])} -> {int(batch.remove_dst[i])} "
+                "is not an edge of the graph"
+            )
+    a_src = storage(batch.add_src, "add_edges.src", True)
+    a_dst = storage(batch.add_dst, "add_edges.dst", True)
+    set_nodes = storage(batch.set_node_ids, "set_features", True)
+    set_rows = _rows(batch.set_features, set_nodes.size, dim, "set_features")
+    if set_nodes.size:  # the last row given for a node wins
+        last = set_nodes.size - 1 - np.unique(set_nodes[::-1], return_index=True)[1]
+        set_nodes, set_rows = set_nodes[last], set_rows[last]
+    return ResolvedBatch(
+        seq=seq,
+        num_nodes_before=n,
+        new_node_ids=new_ids,
+        new_features=new_rows,
+        remove_src=r_src,
+        remove_dst=r_dst,
+        add_src=a_src,
+        add_dst=a_dst,
+        set_nodes=set_nodes,
+        set_features=set_rows,
+        idempotency_key=key,
+    )
+
+
+# ---------------------------------------------------------------------------- log bytes
+_ARRAYS = (
+    "new_node_ids", "new_features", "remove_src", "remove_dst", "add_src", "add_dst",
+    "set_nodes", "set_features",
+)  # fmt: skip
+_HEAD = struct.Struct("<QQI")  # seq, num_nodes_before, key length
+_ARRAY = struct.Struct("<BQQ")  # dtype code, rows, columns (0 = 1-D)
+_DTYPES = {1: np.dtype("<i8"), 2: np.dtype("<f4")}
+_CODES = {v: k for k, v in _DTYPES.items()}
+
+
+def encode(batch: ResolvedBatch) -> bytes:
+    """The batch as log bytes (resolved: replaying it needs no ID lookups)."""
+    key = batch.idempotency_key.encode()
+    parts = [_HEAD.pack(batch.seq, batch.num_nodes_before, len(key)), key]
+    for name in _ARRAYS:
+        arr = getattr(batch, name)
+        dtype = np.dtype("<f4") if arr.dtype.kind == "f" else np.dtype("<i8")
+        arr = np.ascontiguousarray(arr, dtype=dtype)
+        cols = arr.shape[1] if arr.ndim == 2 else 0
+        parts.append(_ARRAY.pack(_CODES[dtype], arr.shape[0], cols))
+        parts.append(arr.tobytes())
+    return b"".join(parts)
+
+
+def decode(data: bytes, dim: int) -> ResolvedBatch:
+    """Inverse of :func:`encode`.
+
+    Raises:
+        ValueError: the bytes are not a batch (a corrupt record).
+    """
+    view = memoryview(data)
+    seq, n_before, key_len = _HEAD.unpack_from(view, 0)
+    at = _HEAD.size
+    key = bytes(view[at : at + key_len]).decode()
+    at += key_len
+    values = {}
+    for name in _ARRAYS:
+        code, rows, cols = _ARRAY.unpack_from(view, at)
+        at += _ARRAY.size
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            raise ValueError(f"log record: array {name} has unknown dtype code {code}")
+        count = rows * (cols or 1)
+        nbytes = count * dtype.itemsize
+        if at + nbytes > len(view):
+            raise ValueError(f"log record: array {name} runs past the record")
+        arr = np.frombuffer(view[at : at + nbytes], dtype=dtype).copy()
+        at += nbytes
+        values[name] = arr.reshape(rows, cols) if cols else arr
+    if at != len(view):
+        raise ValueError("log record: trailing bytes")
+    for name in ("new_features", "set_features"):
+        if values[name].ndim == 1:  # no rows: keep the [0, dim] shape
+            values[name] = values[name].reshape(0, dim)
+    return ResolvedBatch(seq=seq, num_nodes_before=n_before, idempotency_key=key, **values)

@@ -1,0 +1,274 @@
+"""GraphSnapshot: the topology of a living graph at one sequence, and how a batch makes the next.
+
+A snapshot is a :class:`~hopserve.worker.graph.topology.GraphTopology` (so the planner,
+ID mapping and the engine read it unchanged) whose arrays are never modified: applying a
+batch builds the next snapshot (:func:`apply_batch`) and readers holding the old one keep
+a consistent view. The cost of a batch is one copy of the CSC (``O(N + E)`` memory
+traffic, no sort of the graph): the in-edge segments of the destinations it touches are
+rebuilt, every other segment is copied as one slice per run of untouched nodes. Degrees
+and the ID index are carried over incrementally, not recomputed. With ``track_out_edges``
+the CSR (out-edges, for cache invalidation) is spliced the same way.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from hopserve.worker.graph.errors import UnknownNodeError
+from hopserve.worker.graph.format import GraphMeta, indices_dtype_for
+from hopserve.worker.graph.ids import IdIndex
+from hopserve.worker.graph.live.mutations import ResolvedBatch
+from hopserve.worker.graph.planner import segment_positions
+from hopserve.worker.graph.topology import GraphTopology
+
+__all__ = ["GraphSnapshot", "LiveIdIndex", "apply_batch", "build_csr", "splice_csc"]
+
+
+class LiveIdIndex:
+    """The base graph's :class:`~hopserve.worker.graph.ids.IdIndex` plus added nodes."""
+
+    def __init__(self, base: IdIndex, new_ids: np.ndarray, first_new: int) -> None:
+        self.base = base
+        self.num_nodes = first_new + new_ids.size
+        self._new_ids = new_ids  # external IDs of storage ids first_new, first_new + 1, ...
+        self._first_new = first_new
+        order = np.argsort(new_ids, kind="stable")
+        self._sorted, self._order = new_ids[order], order + first_new
+
+    def extended(self, more: np.ndarray) -> LiveIdIndex:
+        """This index with nodes ``more`` appended (storage ids ``num_nodes, …``)."""
+        return LiveIdIndex(self.base, np.concatenate([self._new_ids, more]), self._first_new)
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(storage, found)`` as :meth:`IdIndex.find`."""
+        storage, found = self.base.find(ids)
+        if self._sorted.size and not found.all():
+            miss = np.flatnonzero(~found)
+            pos = np.minimum(np.searchsorted(self._sorted, ids[miss]), self._sorted.size - 1)
+            hit = self._sorted[pos] == ids[miss]
+            storage[miss[hit]] = self._order[pos[hit]]
+            found[miss[hit]] = True
+        return storage, found
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """External IDs -> storage ids. Raises ``UnknownNodeError``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        storage, found = self.find(ids)
+        if not found.all():
+            missing = ~found
+            raise UnknownNodeError(ids[missing], ids.size, int(missing.sum()))
+        return storage
+
+    def external(self) -> np.ndarray:
+        """External ID of every storage node."""
+        base = self.base.sorted_order()  # storage ids by ascending external ID
+        ext = np.empty(self._first_new, dtype=np.int64)
+        if self.base.kind == "identity":
+            ext[:] = np.arange(self._first_new)
+        elif self.base.kind == "dense":
+            ext[base] = np.arange(self._first_new)
+        else:
+            ext[base] = self.base._sorted
+        return np.concatenate([ext, self._new_ids])
+
+    def sorted_order(self) -> np.ndarray:
+        """Storage ids by ascending external ID."""
+        return np.argsort(self.external(), kind="stable")
+
+
+class GraphSnapshot(GraphTopology):
+    """The topology at graph sequence :attr:`seq` (see the module docstring).
+
+    Attributes (besides :class:`GraphTopology`'s):
+        seq: Graph sequence (0 = the base store).
+        base_version: Version of the base store; ``version`` is ``base_version`` at
+            sequence 0 and ``"{base_version}+{seq}"`` after (unique per sequence).
+        out_indptr, out_indices: The CSR (out-neighbours, ascending), when tracked.
+    """
+
+    def __init__(
+        self,
+        meta: GraphMeta,
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        node_ids: np.ndarray | None,
+        path,
+        *,
+        seq: int,
+        base_version: str,
+        id_index: IdIndex | LiveIdIndex | None = None,
+        in_degrees: np.ndarray | None = None,
+        out_degrees: np.ndarray | None = None,
+        out_csr: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        super().__init__(meta, indptr, indices, node_ids, path)
+        self.seq = int(seq)
+        self.base_version = base_version
+        if id_index is not None:
+            self.__dict__["id_index"] = id_index
+        if in_degrees is not None:
+            self.__dict__["in_degrees"] = in_degrees
+        if out_degrees is not None:
+            self.__dict__["out_degrees"] = out_degrees
+        self.out_indptr, self.out_indices = out_csr if out_csr is not None else (None, None)
+
+    @classmethod
+    def of(cls, topology: GraphTopology) -> GraphSnapshot:
+        """Sequence 0: the base store's own topology."""
+        return cls(
+            topology.meta, topology.indptr, topology.indices, topology.node_ids, topology.path,
+            seq=0, base_version=topology.version,
+        )  # fmt: skip
+
+    @property
+    def feature_dim(self) -> int:
+        """Feature width."""
+        return self.meta.feature_dim
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(storage, found)`` of external IDs (``-1`` where unknown)."""
+        return self.id_index.find(np.asarray(ids, dtype=np.int64))
+
+    def has_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """bool ``[k]``: whether ``src[i] -> dst[i]`` is an edge (storage ids)."""
+        out = np.zeros(src.size, dtype=bool)
+        for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            seg = self.indices[self.indptr[d] : self.indptr[d + 1]]
+            j = np.searchsorted(seg, s)
+            out[i] = j < seg.size and seg[j] == s
+        return out
+
+    def ensure_out_edges(self) -> None:
+        """Build the CSR (once; later snapshots splice it)."""
+        if self.out_indptr is None:
+            self.out_indptr, self.out_indices = build_csr(self.indptr, self.indices, self.num_nodes)
+
+    def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
+        """Out-neighbours of ``nodes`` (concatenated, with repeats)."""
+        self.ensure_out_edges()
+        pos, _ = segment_positions(self.out_indptr, nodes)
+        return self.out_indices[pos].astype(np.int64, copy=False)
+
+    @cached_property
+    def sorted_external_order(self) -> np.ndarray:
+        return self.id_index.sorted_order()
+
+
+def build_csr(indptr: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (out-edges grouped by source, destinations ascending) of a CSC. ``O(E log E)``."""
+    dst = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
+    order = np.argsort(indices, kind="stable")  # by source; destinations stay ascending
+    out_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices, minlength=n), out=out_indptr[1:])
+    return out_indptr, dst[order]
+
+
+def splice_csc(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    n_after: int,
+    remove_rows: np.ndarray,
+    remove_cols: np.ndarray,
+    add_rows: np.ndarray,
+    add_cols: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A compressed adjacency with every ``(row, col)`` of ``remove_*`` taken out (all
+    copies) and ``add_*`` put in; rows beyond the old ones are new, empty rows.
+
+    Only the touched rows are rebuilt (columns ascending); the rest is copied in runs.
+
+    Returns:
+        ``(indptr, indices, removed_cols)``: the new arrays and the column of every entry
+        that was removed (one per copy; for degree bookkeeping).
+    """
+    n_before = indptr.size - 1
+    dtype = indices_dtype_for(n_after)
+    rows = np.unique(np.concatenate([remove_rows, add_rows]).astype(np.int64))
+    old_rows = rows[rows < n_before]
+    pos, counts = segment_positions(indptr, old_rows)
+    seg_rows = np.repeat(old_rows, counts)
+    seg_cols = indices[pos].astype(np.int64)
+    removed_cols = np.empty(0, dtype=np.int64)
+    if remove_rows.size:
+        scale = np.int64(max(n_after, 1))
+        gone = np.isin(seg_rows * scale + seg_cols, remove_rows * scale + remove_cols)
+        removed_cols = seg_cols[gone]
+        seg_rows, seg_cols = seg_rows[~gone], seg_cols[~gone]
+    all_rows = np.concatenate([seg_rows, add_rows.astype(np.int64)])
+    all_cols = np.concatenate([seg_cols, add_cols.astype(np.int64)])
+    order = np.lexsort((all_cols, all_rows))
+    all_rows, all_cols = all_rows[order], all_cols[order]
+    counts_new = np.zeros(n_after, dtype=np.int64)
+    counts_new[:n_before] = np.diff(indptr)
+    counts_new[rows] = np.bincount(all_rows, minlength=n_after)[rows]
+    new_indptr = np.zeros(n_after + 1, dtype=np.int64)
+    np.cumsum(counts_new, out=new_indptr[1:])
+    parts: list[np.ndarray] = []
+    prev = 0  # first old row not copied yet
+    rebuilt = np.searchsorted(all_rows, rows)  # where each touched row's entries start
+    ends = np.append(rebuilt[1:], all_rows.size)
+    for r, a, b in zip(rows.tolist(), rebuilt.tolist(), ends.tolist(), strict=True):
+        stop = min(r, n_before)
+        if stop > prev:
+            parts.append(indices[indptr[prev] : indptr[stop]])
+        parts.append(all_cols[a:b])
+        prev = max(prev, r + 1) if r < n_before else n_before
+    if prev < n_before:
+        parts.append(indices[indptr[prev] : indptr[n_before]])
+    new_indices = (
+        np.concatenate([p.astype(dtype, copy=False) for p in parts])
+        if parts
+        else np.empty(0, dtype=dtype)
+    )
+    return new_indptr, new_indices, removed_cols
+
+
+def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
+    """The snapshot after ``batch`` (``snap`` is left untouched)."""
+    n_before = snap.num_nodes
+    k = batch.new_node_ids.size
+    n = n_before + k
+    indptr, indices, removed_src = splice_csc(
+        snap.indptr, snap.indices, n,
+        batch.remove_dst, batch.remove_src, batch.add_dst, batch.add_src,
+    )  # fmt: skip
+    in_deg = np.diff(indptr)
+    out_deg = np.zeros(n, dtype=np.int64)
+    out_deg[:n_before] = snap.out_degrees
+    out_deg += np.bincount(batch.add_src, minlength=n)
+    out_deg -= np.bincount(removed_src, minlength=n)
+    out_csr = None
+    if snap.out_indptr is not None:
+        o_ptr, o_idx, _ = splice_csc(
+            snap.out_indptr, snap.out_indices, n,
+            batch.remove_src, batch.remove_dst, batch.add_src, batch.add_dst,
+        )  # fmt: skip
+        out_csr = (o_ptr, o_idx)
+    index = snap.id_index
+    node_ids = snap.node_ids
+    if k:
+        index = (
+            index.extended(batch.new_node_ids)
+            if isinstance(index, LiveIdIndex)
+            else LiveIdIndex(index, batch.new_node_ids, n_before)
+        )
+        base_ids = np.arange(n_before, dtype=np.int64) if node_ids is None else node_ids
+        node_ids = np.concatenate([base_ids, batch.new_node_ids])
+    meta = snap.meta.model_copy(
+        update={
+            "num_nodes": n,
+            "num_edges": int(indptr[-1]),
+            "indices_dtype": indices_dtype_for(n).name,
+            "version": f"{snap.base_version}+{batch.seq}",
+            "has_node_ids": node_ids is not None,
+            "has_labels": False,
+            "num_classes": None,
+        }
+    )
+    return GraphSnapshot(
+        meta, indptr, indices, node_ids, snap.path,
+        seq=batch.seq, base_version=snap.base_version, id_index=index,
+        in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr,
+    )  # fmt: skip
