@@ -6,9 +6,15 @@ gRPC server (``EmbeddingService``, ``grpc.health.v1`` and server reflection) and
 Prometheus endpoint, then loads the models in the background; ``await service.stop()``
 shuts down gracefully. Readiness (health) is NOT_SERVING until the models are loaded:
 
-* ``""``: SERVING once every configured model is ready;
+* ``""``: SERVING once every version that takes unversioned traffic (each name's
+  default and canary) is ready;
 * ``"hopserve.v1.EmbeddingService"``: SERVING while the server accepts requests;
-* ``"<model name>"``: SERVING once that model is ready.
+* ``"<model name>"``: SERVING once that name's default (and canary) version is ready;
+* ``"<model name>:<version>"``: SERVING while that version is ready.
+
+Model versions are loaded, switched and unloaded at run time by
+:class:`~hopserve.server.model_lifecycle.ModelLifecycle`, through ``AdminService``
+(:mod:`hopserve.server.admin`, scope ``admin``) or :meth:`Service.reload_models` (SIGHUP).
 
 Workers: with ``server.workers`` empty, one in-process worker per device
 (``make_worker(model.device)``) loads the models in a thread; otherwise every address
@@ -39,10 +45,12 @@ from hopserve.security.factory import (
     public_gate,
 )
 from hopserve.security.gate import Gate
+from hopserve.server.admin import ADMIN_SERVICE, AdminService
 from hopserve.server.cache import EmbeddingCache, make_cache
 from hopserve.server.edge import EmbeddingService
 from hopserve.server.metrics import Metrics
 from hopserve.server.metrics_http import start_metrics_server
+from hopserve.server.model_lifecycle import ModelLifecycle
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.server.workers import WorkerSet, make_workers
 from hopserve.worker.graph.topology import GraphTopology
@@ -76,6 +84,8 @@ class Service:
         models: The served models.
         metrics: The process's metrics (own registry).
         cache: The embedding cache.
+        admin: The ``AdminService`` servicer (set ``admin.graphs`` to serve graph RPCs).
+        lifecycle: Loads, switches and unloads model versions.
     """
 
     def __init__(
@@ -91,6 +101,7 @@ class Service:
         workers: WorkerSet,
         health_servicer: health.aio.HealthServicer,
         gate: Gate,
+        admin: AdminService,
     ) -> None:
         self.config = config
         self.port = port
@@ -109,6 +120,10 @@ class Service:
         self._settled = asyncio.Event()
         self._stalled: set[str] = set()  # model names (see _watch_stalls)
         self._started = self._stopped = False
+        self._startup = list(models)  # the configured versions (loaded by start())
+        self.admin = admin
+        self.lifecycle = admin.lifecycle
+        self.lifecycle.publish = self._publish
 
     async def start(self) -> None:
         """Serve gRPC and ``/metrics`` now; load (or wait for) the models in the background.
@@ -159,6 +174,12 @@ class Service:
         if self._gate.tokens is not None:
             self._gate.tokens.reload()
 
+    async def reload_models(self, config: HopserveConfig) -> list[str]:
+        """Serve the ``models:`` of ``config`` (a re-read config file, SIGHUP): load new and
+        changed versions beside the served ones, switch defaults, unload removed versions
+        (:meth:`ModelLifecycle.reconcile`). Returns one line per step that failed."""
+        return await self.lifecycle.reconcile(list(config.models))
+
     async def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until no model is loading any more; True if every model is ready."""
         with contextlib.suppress(TimeoutError):
@@ -187,6 +208,7 @@ class Service:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         self.edge.stop_accepting()
+        self.admin.stop_accepting()
         await self._health.enter_graceful_shutdown()
         await asyncio.sleep(min(DRAIN_LINGER_S, grace))
         idle = await self.edge.wait_idle(max(0.0, deadline - loop.time()))
@@ -222,21 +244,36 @@ class Service:
     # ------------------------------------------------------------------ models
 
     async def _publish(self, model: ServedModel) -> None:
-        """Mirror a model's state into health, ``hopserve_model_ready`` and ``_stalled``.
+        """Mirror a version's state (or its removal) into health, ``hopserve_model_ready``
+        and ``_stalled``.
 
-        A model is SERVING when it is ready and not stalled; the process (``""``) when
-        every model is.
+        A version is SERVING when it is ready; its name when the versions taking its
+        unversioned traffic are ready and it is not stalled; the process (``""``) when
+        every name is.
         """
-        stalled = model.name in self._stalled
-        serving = model.ready and not stalled
-        await self._health.set(model.name, _SERVING if serving else _NOT_SERVING)
-        self.metrics.model_ready.labels(model.name, model.version).set(1 if model.ready else 0)
-        self.metrics.model_stalled.labels(model.name).set(1 if stalled else 0)
-        models = list(self.models)
-        every = all(m.ready and m.name not in self._stalled for m in models)
+        name, version = model.key
+        known = self.models.find(name, version) is model
+        await self._health.set(
+            f"{name}:{version}", _SERVING if known and model.ready else _NOT_SERVING
+        )
+        if known:
+            self.metrics.model_ready.labels(name, version).set(1 if model.ready else 0)
+        else:  # unloaded (or a rolled-back load): no series for it any more
+            with contextlib.suppress(KeyError):
+                self.metrics.model_ready.remove(name, version)
+        stalled = name in self._stalled
+        routed = self.models.routed()
+        serving = (
+            name in self.models
+            and all(m.ready for m in routed if m.name == name)
+            and not stalled
+        )  # fmt: skip
+        await self._health.set(name, _SERVING if serving else _NOT_SERVING)
+        self.metrics.model_stalled.labels(name).set(1 if stalled else 0)
+        every = all(m.ready and m.name not in self._stalled for m in routed)
         self._serving = every and not self._stopped
         await self._health.set("", _SERVING if every else _NOT_SERVING)
-        if all(m.state != "loading" for m in models):
+        if all(m.state != "loading" for m in self._startup):
             self._settled.set()
 
     async def _watch_stalls(self) -> None:
@@ -308,13 +345,14 @@ class Service:
                     for entry in status.models:
                         reported[(entry.name, entry.version)] = entry
             pool = self._workers.pool
+            startup = [m for m in self._startup if self.models.find(*m.key) is m]
             if pool is not None and pool.failure is not None:
-                for model in self.models:
+                for model in startup:
                     if model.state == "loading":
                         model.mark_failed(f"worker process: {pool.failure}")
                         await self._publish(model)
             if not self._workers.local:
-                for model in self.models:
+                for model in startup:  # versions loaded later are adopted by the lifecycle
                     entry = reported.get((model.name, model.version))
                     if entry is not None and model.state == "loading":
                         model.adopt(entry)
@@ -323,7 +361,7 @@ class Service:
                         else:
                             logger.error("model %r cannot be served: %s", model.name, model.error)
                         await self._publish(model)
-            pending = any(m.state == "loading" for m in self.models)
+            pending = any(m.state == "loading" for m in startup)
             await asyncio.sleep(_POLL_LOADING_S if pending else _POLL_READY_S)
 
 
@@ -352,6 +390,8 @@ async def build_server(config: HopserveConfig) -> Service:
         served.append(ServedModel(model_cfg, topology))
     models = ModelRegistry(served)
     workers = await make_workers(config, metrics)
+    for model in served:
+        model.dispatcher = workers.dispatcher_for(model.config)
     cache = await make_cache(config.cache, observer=metrics.cache_observer())
     edge = EmbeddingService(
         config.server, models, cache, {n: d for n, d in workers.by_model.items()}, metrics
@@ -366,11 +406,14 @@ async def build_server(config: HopserveConfig) -> Service:
     )
     add_service(server, edge, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
                 on_undecodable=edge.reject_undecodable, gate=gate)  # fmt: skip
+    lifecycle = ModelLifecycle(config, models, edge, workers)
+    admin = AdminService(lifecycle, metrics)  # graph RPCs: set admin.graphs
+    add_service(server, admin, ADMIN_SERVICE, gate=gate)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME),
+        (SERVICE_NAME, ADMIN_SERVICE.full_name,
+         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )  # fmt: skip
     port, address = bind_port(server, config.server.host, config.server.port, credentials)
@@ -390,6 +433,7 @@ async def build_server(config: HopserveConfig) -> Service:
         workers=workers,
         health_servicer=health_servicer,
         gate=gate,
+        admin=admin,
     )
 
 

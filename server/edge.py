@@ -14,7 +14,7 @@ RPC cancels its wait in the batcher (and the batch, if nobody else needs it). Sa
 requests are never cached (``QueryOptions.fanouts``); their seed defaults to 0 so they
 are reproducible. A stream is computed in slices, one ahead of the one being sent.
 
-One module (about 430 lines): the four RPCs share parsing, ID mapping, the cache lookup
+One module (about 460 lines): the four RPCs share parsing, ID mapping, the cache lookup
 and the answer assembly; batching and the pipeline behind it live elsewhere.
 """
 
@@ -86,7 +86,8 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         config: Server settings (limits, batching, deadlines).
         models: The served models.
         cache: The embedding cache (never fails a request).
-        dispatchers: Per model name, the dispatcher reaching a worker that has the model.
+        dispatchers: Per model name, the dispatcher reaching a worker that has the model
+            (for versions whose ``ServedModel.dispatcher`` is not set).
         metrics: Where to record request, stage and batch metrics.
     """
 
@@ -103,7 +104,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self.cache = cache
         self.metrics = metrics
         self._dispatchers = dispatchers
-        self._pipelines: dict[str, ModelPipeline] = {}
+        self._pipelines: dict[tuple[str, str], ModelPipeline] = {}  # by (name, version)
         self._writebacks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._active = 0  # RPCs being answered (for the shutdown drain)
@@ -117,9 +118,9 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self, request: pb.GetEmbeddingsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEmbeddingsResponse:
         """Embeddings of ``request.node_ids`` in request order, in one message."""
-        async with self._rpc("GetEmbeddings", request.model, context):
+        async with self._rpc("GetEmbeddings", request.model, context) as call:
             start = time.perf_counter()
-            query = await self._parse(request, context)
+            query = await self._parse(request, context, call)
             times = StageTimes()
             rows, hits = await self._rows(query, slice(None), times)
             model = query.model
@@ -144,9 +145,9 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         number of chunks), one slice ahead of the one being sent, so rows stream as they
         complete.
         """
-        async with self._rpc("StreamEmbeddings", request.model, context):
+        async with self._rpc("StreamEmbeddings", request.model, context) as call:
             start = time.perf_counter()
-            query = await self._parse(request, context)
+            query = await self._parse(request, context, call)
             model = query.model
             n = len(query.ids)
             chunk = max(1, self.max_chunk_bytes // (4 * model.dim))
@@ -185,16 +186,17 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
     async def ListModels(  # noqa: N802 - gRPC method name
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        """Every configured model, ready or not (``ready`` says which)."""
+        """Every version of every model, in any state (``state`` says which)."""
         async with self._rpc("ListModels", "", context):
-            return pb.ListModelsResponse(models=[m.to_proto() for m in self.models])
+            return pb.ListModelsResponse(models=[self.models.info(m) for m in self.models])
 
     async def GetModel(  # noqa: N802 - gRPC method name
         self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
-        """One model's metadata; NOT_FOUND for an unknown name or version."""
+        """One version's metadata (empty version: the default); NOT_FOUND for an unknown
+        name or version."""
         async with self._rpc("GetModel", request.name, context):
-            return self.models.get(request.name, request.version).to_proto()
+            return self.models.info(self.models.get(request.name, request.version))
 
     # ------------------------------------------------------------------ edge
 
@@ -208,11 +210,12 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
     @contextlib.asynccontextmanager
     async def _rpc(
         self, method: str, model_name: str, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[_Call]:
         """Count the RPC, and answer any exception with its status (errors.py).
 
         The outcome is recorded before an error status is sent, so a client that saw the
-        status also sees it counted.
+        status also sees it counted; the model version the call was resolved to (if any)
+        counts it in flight until then (what an unload drains).
         """
         label = model_name if model_name in self.models else _UNKNOWN_MODEL
         if method == "ListModels":
@@ -222,8 +225,10 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self._active += 1
         self._idle.clear()
         start = time.perf_counter()
+        call = _Call()
 
         def record(code: grpc.StatusCode | None) -> None:
+            call.release()
             gauge.dec()
             self._active -= 1
             if not self._active:
@@ -232,7 +237,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             self.metrics.observe_request(method, label, outcome_label(code), seconds)
 
         try:
-            yield
+            yield call
         except (asyncio.CancelledError, GeneratorExit):
             left = context.time_remaining()
             expired = left is not None and left <= 0
@@ -246,12 +251,14 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             record(None)
 
     async def _parse(
-        self, request: pb.GetEmbeddingsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetEmbeddingsRequest, context: grpc.aio.ServicerContext, call: _Call
     ) -> _Query:
-        """Validate an embedding request and map its IDs (raises the errors of errors.py)."""
+        """Validate an embedding request, resolve its model version (default or canary
+        when it names none) and map its IDs (raises the errors of errors.py)."""
         if self._closing:
             raise ShuttingDownError("the server is shutting down; retry on another replica")
-        model = self.models.get(request.model, request.model_version)
+        model = self.models.route(request.model, request.model_version)
+        call.hold(model)  # before any await: an unload that starts now waits for it
         model.require_ready()
         n = len(request.node_ids)
         if n == 0:
@@ -296,13 +303,19 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
     # ------------------------------------------------------------------ rows
 
     def pipeline(self, model: ServedModel) -> ModelPipeline:
-        """The model's pipeline (built on first use, once the model is ready)."""
-        pipeline = self._pipelines.get(model.name)
+        """The model version's pipeline (built on first use, once the version is ready)."""
+        pipeline = self._pipelines.get(model.key)
         if pipeline is None:
-            dispatcher = self._dispatchers[model.name]
+            dispatcher = model.dispatcher or self._dispatchers[model.name]
             pipeline = ModelPipeline(model, dispatcher, self.config, self.metrics)
-            self._pipelines[model.name] = pipeline
+            self._pipelines[model.key] = pipeline
         return pipeline
+
+    async def retire(self, model: ServedModel) -> None:
+        """Close and forget a model version's pipeline (after it drained: an unload)."""
+        pipeline = self._pipelines.pop(model.key, None)
+        if pipeline is not None:
+            await pipeline.close()
 
     async def _rows(
         self, query: _Query, piece: slice, times: StageTimes, *, per_row_hits: bool = False
@@ -361,12 +374,12 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
     # ------------------------------------------------------------------ lifecycle
 
     def stalled(self, model: str) -> bool:
-        """Whether ``model``'s batcher has work and no batch finished for
+        """Whether a batcher of a version of ``model`` has work and no batch finished for
         ``server.stall_timeout_s`` (see :meth:`Batcher.stalled`)."""
-        pipeline = self._pipelines.get(model)
-        if pipeline is None:
-            return False
-        return pipeline.batcher.stalled(asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        return any(
+            p.batcher.stalled(now) for (name, _), p in self._pipelines.items() if name == model
+        )
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for pending cache write-backs (up to ``timeout`` seconds)."""
@@ -394,6 +407,23 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         await self.drain(timeout)
         for pipeline in self._pipelines.values():
             await pipeline.close()
+
+
+class _Call:
+    """The model version one RPC was resolved to, counted in flight while it is answered."""
+
+    def __init__(self) -> None:
+        self.model: ServedModel | None = None
+
+    def hold(self, model: ServedModel) -> None:
+        self.release()
+        self.model = model
+        model.enter()
+
+    def release(self) -> None:
+        if self.model is not None:
+            self.model.leave()
+            self.model = None
 
 
 def _batch_key(model: ServedModel, options: pb.QueryOptions) -> BatchKey:
