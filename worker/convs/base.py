@@ -24,7 +24,17 @@ warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta"
 
 
 class UnsupportedConvError(ValueError):
-    """A conv (or model) the engine cannot run exactly layer by layer."""
+    """A conv (or model) the engine cannot run exactly layer by layer.
+
+    Args:
+        message: the full message (names the conv and what to do instead).
+        reason: the short reason alone, as the support matrix states it (default: the
+            message).
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,6 @@ class GCNAdapter(ConvAdapter):
         key = (id(graph), getattr(graph, "version", None))
         if key == self._graph_key:
             return
-        conv = self.conv
         indptr, indices = graph.indptr, graph.indices.long()
         n = graph.num_nodes
         dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
@@ -92,15 +91,15 @@ class GCNAdapter(ConvAdapter):
         with self._sample_lock:
             self._sampled_loops.clear()
             self._device_weights.clear()
-        if not conv.normalize:
+        if not self.normalizes:
             self._edge_weight, self._loop_weight = None, None
-        elif conv.add_self_loops:
+        elif self.adds_self_loops:
             is_loop = indices == dst
             if bool(is_loop.any()):
                 self._graph_loops = torch.bincount(dst[is_loop], minlength=n).int()
             has_loop = torch.zeros(n, dtype=torch.bool)
             has_loop[dst[is_loop]] = True
-            fill = pyg_loop_fill(bool(conv.improved))
+            fill = pyg_loop_fill(self.improved)
             loop_w = torch.where(has_loop, 1.0, fill).to(torch.float64)
             deg = loop_w + torch.bincount(dst[~is_loop], minlength=n).to(torch.float64)
             dinv = deg.pow(-0.5)
@@ -117,6 +116,22 @@ class GCNAdapter(ConvAdapter):
             self._edge_weight = (dinv[indices] * dinv[dst]).float()
             self._loop_weight = None
         self._graph_key = key
+
+    # The conv's ``gcn_norm`` flags; subclasses for other gcn-normalized convs override them.
+    @property
+    def normalizes(self) -> bool:
+        """Whether the conv normalizes by degrees at all (``normalize``)."""
+        return bool(self.conv.normalize)
+
+    @property
+    def adds_self_loops(self) -> bool:
+        """Whether ``gcn_norm`` adds the remaining self-loops (``add_self_loops``)."""
+        return bool(self.conv.add_self_loops)
+
+    @property
+    def improved(self) -> bool:
+        """``gcn_norm``'s ``improved`` flag (the self-loop fill value)."""
+        return bool(self.conv.improved)
 
     def _samples_graph(self, batch: LayerBatch) -> bool:
         """Whether ``batch``'s graph :math:`G_l` differs from the whole graph."""
@@ -190,7 +205,7 @@ class GCNAdapter(ConvAdapter):
         device = batch.src_index.device
         nodes = batch.src_nodes.cpu()
         deg, loops = self._source_stats(batch.sampling, nodes)
-        if self.conv.add_self_loops:
+        if self.adds_self_loops:
             loop_w = torch.where(loops > 0, 1.0, self._fill).to(torch.float64)
             d_hat = loop_w + (deg - loops).to(torch.float64)
         else:
@@ -199,7 +214,7 @@ class GCNAdapter(ConvAdapter):
         dinv[torch.isinf(dinv)] = 0
         dinv = dinv.to(device)
         w = (dinv[batch.src_index] * dinv[batch.dst_index]).float()
-        if not self.conv.add_self_loops:
+        if not self.adds_self_loops:
             return batch.adj_t(values=w.to(dtype))
         n_dst = batch.num_dst
         own = (loop_w.to(device)[:n_dst] * dinv[:n_dst] * dinv[:n_dst]).float()

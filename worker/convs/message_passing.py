@@ -5,13 +5,22 @@
 
 Exactness: the batch holds every in-edge of each destination (destination-first source
 rows), so :math:`N_{in}(v)` and :math:`h_v` are complete for every destination row, and
-any self-loop handling inside the conv (``add_self_loops``) sees the destination's own
-row at the same local index. Rows of the output other than destinations are never
-produced (pair input) or sliced away (square input).
+every per-destination statistic the conv computes from its edges sees what the full graph
+gives it: a softmax over in-edges (GAT, GENConv's softmax aggregation), the in-degree
+(``MFConv``'s degree-specific weights, ``PNAConv``'s degree scalers, ``ClusterGCNConv``'s
+normalization), a std or a max. Self-loop handling inside the conv (``add_self_loops``)
+sees the destination's own row at the same local index.
 
-Layout: for sum/mean aggregations on convs with a fused ``message_and_aggregate`` the batch
-is passed as a sparse CSR ``adj_t`` (one SpMM, no ``[E, d]`` message tensor); otherwise
-as ``edge_index``.
+Pair convs (``forward`` takes ``(x_src, x_dst)``) get the source rows and the destination
+rows and produce destination rows only. Square convs (``forward`` takes one tensor:
+``PNAConv``, ``AGNNConv``, ``ClusterGCNConv``, ``SuperGATConv``) run on the square batch
+graph over all source rows: its edges all point at destinations, so every other row's
+output (over no in-edges, or only a self-loop the conv adds) is computed and sliced away,
+and never feeds a destination row.
+
+Layout: for sum/mean aggregations on pair convs with a fused ``message_and_aggregate``
+the batch is passed as a sparse CSR ``adj_t`` (one SpMM, no ``[E, d]`` message tensor);
+otherwise as ``edge_index``.
 """
 
 from __future__ import annotations
@@ -46,8 +55,11 @@ class MessagePassingAdapter(ConvAdapter):
         super().__init__(conv)
         self.pair = pair
         aggr = getattr(conv, "aggr", None)
+        # A square batch is never fused: its [B, n_src] adjacency is not square, and a
+        # conv given one tensor would mix n_src root rows with B aggregated rows.
         self.use_csr = (
             fuse
+            and pair
             and isinstance(aggr, str)
             and aggr in _FUSABLE_AGGRS
             and _overrides(conv, "message_and_aggregate")

@@ -8,6 +8,13 @@ Status per class:
   module); loading a model that uses it fails with the reason, and the node-wise
   fallback (``hopserve.NodewiseEvaluator``) is the way to serve it.
 
+The rows themselves are :mod:`.pyg_support` (every conv ``torch_geometric.nn.conv``
+exports) and :mod:`.dgl_support` (``dgl.nn.pytorch``); the conv coverage audit
+(``tests/support/conv_audit.py``) checks each is exact or refused as stated, and
+``bench/support_matrix.py`` writes them to ``docs/support_matrix.md``. A row's factory
+may refuse an instance as built (``CGConv(dim=3)`` needs edge features): it raises
+:class:`~.base.UnsupportedConvError` with the short reason.
+
 Classes are looked up along the MRO, so a user subclass of ``SAGEConv`` inherits
 ``SAGEConv``'s entry. Unknown ``MessagePassing`` subclasses are refused until registered
 with :func:`register_conv`.
@@ -63,7 +70,7 @@ def register_conv(
     cls: type,
     adapter: AdapterFactory | None = None,
     *,
-    pair: bool = True,
+    pair: bool | None = None,
     note: str = "registered by user",
     style: str | None = None,
 ) -> type:
@@ -74,6 +81,8 @@ def register_conv(
         adapter: a factory ``conv -> ConvAdapter``; default runs the conv on the batch.
         pair: whether ``forward`` accepts a ``(x_src, x_dst)`` pair (PyG bipartite input);
             if not, the conv runs on the square batch and destination rows are sliced.
+            Default: read from the annotation of ``forward``'s first argument (a
+            ``Tuple`` / ``PairTensor`` → pair, a plain ``Tensor`` → square, none → pair).
         note: shown in the support matrix.
         style: ``"pyg"`` (``forward(x, edge_index)``) or ``"dgl"`` (``forward(graph, feat)``,
             run on a DGL block); default: ``"dgl"`` for subclasses of ``dgl.nn`` modules
@@ -90,11 +99,30 @@ def register_conv(
     if adapter is None:
         from hopserve.worker.convs.message_passing import MessagePassingAdapter
 
+        takes_pair = _accepts_pair(cls) if pair is None else pair
+
         def adapter(conv: nn.Module) -> ConvAdapter:
-            return MessagePassingAdapter(conv, pair=pair)
+            return MessagePassingAdapter(conv, pair=takes_pair)
 
     _MATRIX[cls] = ConvSupport("exact", adapter, note)
     return cls
+
+
+def _accepts_pair(cls: type) -> bool:
+    """Whether ``cls.forward``'s feature argument is annotated to take a pair (default yes).
+
+    PyG annotates pair-capable convs ``Union[Tensor, OptPairTensor]`` (``SAGEConv``) and the
+    others ``Tensor`` (``PNAConv``, which fails on a pair).
+    """
+    try:
+        params = [p for n, p in inspect.signature(cls.forward).parameters.items() if n != "self"]
+    except (TypeError, ValueError):
+        return True
+    if not params or params[0].annotation is inspect.Parameter.empty:
+        return True
+    text = params[0].annotation
+    text = text if isinstance(text, str) else repr(text)
+    return any(word in text for word in ("Tuple", "tuple", "Pair"))
 
 
 def _graph_first(cls: type) -> bool:
@@ -106,51 +134,30 @@ def _graph_first(cls: type) -> bool:
     return bool(params) and params[0] in ("graph", "g", "block")
 
 
-def _refuse(cls: type, note: str) -> None:
-    _MATRIX[cls] = ConvSupport("refused", None, note)
-
-
 def _load_builtins() -> None:
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
         return
     _BUILTINS_LOADED = True
     try:
-        import torch_geometric.nn as pyg
+        import torch_geometric.nn.conv as pyg
     except ImportError:  # PyG is an optional extra
         return
-    from hopserve.worker.convs.gcn import GCNAdapter
-    from hopserve.worker.convs.message_passing import MessagePassingAdapter
+    from hopserve.worker.convs.pyg_support import EARLY, ROWS
 
-    def pair(conv: nn.Module) -> ConvAdapter:
-        return MessagePassingAdapter(conv, pair=True)
+    _add_rows(pyg, ROWS, EARLY)
 
-    for name, note in [
-        ("SAGEConv", "mean/max/sum/lstm; fused SpMM for sum/mean"),
-        ("GraphConv", "fused SpMM for sum/mean"),
-        ("GINConv", "fused SpMM for sum/mean"),
-        ("GATConv", "multi-head; self-loops per destination"),
-        ("GATv2Conv", "multi-head; self-loops per destination"),
-        ("TransformerConv", "multi-head attention over in-neighbours"),
-        ("EdgeConv", "max over in-neighbours of MLP(x_i, x_j - x_i)"),
-    ]:
-        _MATRIX[getattr(pyg, name)] = ConvSupport("exact", pair, note)
-    _MATRIX[pyg.GCNConv] = ConvSupport(
-        "adapted", GCNAdapter, "symmetric normalization from whole-graph degrees"
-    )
-    for name, note in [
-        ("APPNP", "propagates K hops inside one module"),
-        ("SGConv", "propagates K hops inside one module (and needs global degrees)"),
-        ("SSGConv", "propagates K hops inside one module"),
-        ("TAGConv", "propagates K hops inside one module"),
-        ("ChebConv", "K-hop Chebyshev filter with whole-graph Laplacian"),
-        ("ARMAConv", "stacks of propagation inside one module"),
-        ("MixHopConv", "mixes several powers of the adjacency"),
-        ("GCN2Conv", "needs the initial-residual input and global degrees"),
-        ("LGConv", "needs whole-graph degrees (no adapter yet)"),
-    ]:
-        if hasattr(pyg, name):
-            _refuse(getattr(pyg, name), note)
+
+def _add_rows(module: object, rows: dict, early: tuple[str, ...]) -> None:
+    """Rows ``{name: (status, factory, note)}`` of ``module``'s classes (a class missing
+    from the installed release is skipped); ``early`` ones are refused before tracing."""
+    for name, (status, factory, note) in rows.items():
+        cls = getattr(module, name, None)
+        if cls is None:
+            continue
+        _MATRIX[cls] = ConvSupport(status, factory, note)
+        if name in early:
+            _EARLY_REFUSALS[cls] = note
 
 
 # --------------------------------------------------------------------------- DGL
@@ -172,51 +179,9 @@ def _load_dgl_builtins(import_dgl: bool = False) -> None:
         log.debug("DGL rows of the support matrix unavailable: %s", err)
         return
     _DGL_LOADED = True
-    from hopserve.worker.convs.dgl_conv import DGLConvAdapter
-    from hopserve.worker.convs.dgl_graphconv import DGLGraphConvAdapter
+    from hopserve.worker.convs.dgl_support import EARLY, ROWS
 
-    for name, note in [
-        ("SAGEConv", "mean/gcn/pool; lstm in edge-id order (see README)"),
-        ("GATConv", "multi-head, residual; edge softmax over all in-edges"),
-        ("GATv2Conv", "multi-head, residual; edge softmax over all in-edges"),
-        ("GINConv", "sum/max/mean, learnable eps, apply_func"),
-        ("EdgeConv", "max over in-neighbours of theta(x_j - x_i) + phi(x_i)"),
-        ("DotGatConv", "dot-product attention over in-neighbours"),
-        ("AGNNConv", "cosine attention over in-neighbours"),
-    ]:
-        _MATRIX[getattr(dglnn, name)] = ConvSupport("exact", DGLConvAdapter, note)
-    _MATRIX[dglnn.GraphConv] = ConvSupport(
-        "adapted",
-        DGLGraphConvAdapter,
-        "norm both/left scale by whole-graph source out-degrees: computed once per graph",
-    )
-    for name, note in [
-        ("APPNPConv", "propagates k hops inside one module"),
-        ("SGConv", "propagates k hops inside one module (and needs global degrees)"),
-        ("TAGConv", "propagates k hops inside one module"),
-        ("ChebConv", "K-hop Chebyshev filter with whole-graph Laplacian"),
-        ("GCN2Conv", "needs the initial-residual input and global degrees"),
-        ("TWIRLSConv", "iterated propagation inside one module"),
-        ("GatedGraphConv", "n_steps of propagation inside one module, over edge types"),
-        ("RelGraphConv", "needs per-edge relation types; the graph store has no edge types"),
-        ("GINEConv", "needs edge features (not supported yet)"),
-        ("NNConv", "needs edge features (not supported yet)"),
-        ("GMMConv", "needs edge pseudo-coordinates (not supported yet)"),
-        ("EGATConv", "needs edge features (not supported yet)"),
-        ("CFConv", "needs edge features (not supported yet)"),
-        ("EGNNConv", "needs node coordinates and edge features (not supported yet)"),
-    ]:
-        if hasattr(dglnn, name):
-            _refuse(getattr(dglnn, name), note)
-    hetero = (
-        "runs on a heterogeneous graph (per-type node features and relations); "
-        "hopserve's graph store is homogeneous. Convert with dgl.to_homogeneous and a "
-        "homogeneous model, or serve it outside hopserve"
-    )
-    for name in ("HeteroGraphConv", "HGTConv"):
-        if hasattr(dglnn, name):
-            _refuse(getattr(dglnn, name), hetero)
-            _EARLY_REFUSALS[getattr(dglnn, name)] = hetero
+    _add_rows(dglnn, ROWS, EARLY)
 
 
 def _maybe_dgl(cls: type) -> None:
@@ -224,22 +189,29 @@ def _maybe_dgl(cls: type) -> None:
         _load_dgl_builtins(import_dgl=True)
 
 
-def load_time_refusal(model: nn.Module) -> str | None:
-    """A reason to refuse ``model`` before tracing (e.g. a heterograph conv), or ``None``.
+def early_refusal(model: nn.Module) -> UnsupportedConvError | None:
+    """The refusal of ``model`` before tracing (e.g. a heterograph conv), or ``None``.
 
     Such modules take per-type feature dicts, so tracing would fail with an unrelated
-    error; this names the module and the reason instead.
+    error; this names the module and the reason instead (``reason``: the short one).
     """
     for qual, module in model.named_modules():
         _maybe_dgl(type(module))
         for cls in type(module).__mro__:
             if cls in _EARLY_REFUSALS:
                 where = f"'{qual}' " if qual else ""
-                return (
+                return UnsupportedConvError(
                     f"module {where}({type(module).__name__}) cannot be evaluated layer by "
-                    f"layer: {_EARLY_REFUSALS[cls]}."
+                    f"layer: {_EARLY_REFUSALS[cls]}.",
+                    reason=_EARLY_REFUSALS[cls],
                 )
     return None
+
+
+def load_time_refusal(model: nn.Module) -> str | None:
+    """The message of :func:`early_refusal`, or ``None``."""
+    err = early_refusal(model)
+    return None if err is None else str(err)
 
 
 def support_matrix() -> dict[str, tuple[Status, str]]:
@@ -272,31 +244,46 @@ def is_conv_module(module: nn.Module) -> bool:
 
 
 def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:
-    """Return the adapter that runs ``module`` exactly on a batch, or refuse with a reason."""
+    """Return the adapter that runs ``module`` exactly on a batch, or refuse with a reason.
+
+    Raises:
+        UnsupportedConvError: the message names the conv and the way to serve it anyway;
+            ``reason`` is the support matrix's short reason.
+    """
     _load_builtins()
     _maybe_dgl(type(module))
+    name = type(module).__name__
     flow = getattr(module, "flow", "source_to_target")
     if flow != "source_to_target":
         raise UnsupportedConvError(
-            f"conv '{qualname}' ({type(module).__name__}) uses flow={flow!r}; "
-            "only 'source_to_target' (PyG's default) is supported"
+            f"conv '{qualname}' ({name}) uses flow={flow!r}; "
+            "only 'source_to_target' (PyG's default) is supported",
+            reason=f"flow={flow!r} (only 'source_to_target' is supported)",
         )
     for cls in type(module).__mro__:
         support = _MATRIX.get(cls)
         if support is None:
             continue
-        if support.status == "refused":
-            raise UnsupportedConvError(
-                f"conv '{qualname}' ({type(module).__name__}) cannot be evaluated layer by "
-                f"layer: {support.note}. {NODEWISE_ADVICE}."
-            )
-        assert support.factory is not None
-        adapter = support.factory(module)
-        if hasattr(adapter, "qualname"):
-            adapter.qualname = qualname
-        return adapter
+        reason = support.note
+        if support.status != "refused":
+            assert support.factory is not None
+            try:
+                adapter = support.factory(module)
+            except UnsupportedConvError as err:  # refused as built (e.g. with edge features)
+                reason = err.reason
+            else:
+                if hasattr(adapter, "qualname"):
+                    adapter.qualname = qualname
+                return adapter
+        raise UnsupportedConvError(
+            f"conv '{qualname}' ({name}) cannot be evaluated layer by layer: {reason}. "
+            f"{NODEWISE_ADVICE}.",
+            reason=reason,
+        )
     raise UnsupportedConvError(
-        f"conv '{qualname}' ({type(module).__name__}) is not in hopserve's support matrix. "
+        f"conv '{qualname}' ({name}) is not in hopserve's support matrix. "
         "If it aggregates 1-hop in-neighbours only, register it with "
-        "hopserve.register_conv(" + type(module).__name__ + "). Otherwise: " + NODEWISE_ADVICE + "."
+        f"hopserve.register_conv({name}). Otherwise: {NODEWISE_ADVICE}.",
+        reason="not in the support matrix (register_conv it if it aggregates 1-hop "
+        "in-neighbours only)",
     )

@@ -41,6 +41,9 @@ def split_model(
             evaluation.
     """
     traced = trace_model(model)
+    # Refuse unsupported convs before running anything: a conv that needs edge data or
+    # another input would otherwise fail on the probe graph with an unrelated error.
+    adapters, adapter_names, conv_x = _conv_adapters(traced)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     # The probe runs where the model's weights are (a worker moves it to its GPU first).
@@ -59,7 +62,32 @@ def split_model(
             f"{type(model).__name__} failed on a probe graph with {feature_dim}-dim features: "
             f"{type(err).__name__}: {err}"
         ) from err
-    return _build_blocks(traced, facts)
+    return _build_blocks(traced, facts, adapters, adapter_names, conv_x)
+
+
+def _conv_adapters(
+    traced: TracedModel,
+) -> tuple[nn.ModuleDict, dict[str, str], dict[fx.Node, fx.Node]]:
+    """One adapter per conv *module* (weight sharing across layers keeps one adapter), the
+    adapter name of each conv, and each conv call's feature argument.
+
+    Raises:
+        ModelTraceError: a conv the support matrix refuses, or a call with extra inputs.
+    """
+    adapters = nn.ModuleDict()
+    adapter_names: dict[str, str] = {}
+    conv_x: dict[fx.Node, fx.Node] = {}
+    for c in traced.conv_nodes:
+        qual = str(c.target)
+        if qual not in adapter_names:
+            name = f"a{len(adapter_names)}"
+            try:
+                adapters[name] = adapter_for(traced.conv_module(c), qual)
+            except UnsupportedConvError as err:
+                raise ModelTraceError(f"{err} (used at {source_line(c)})") from err
+            adapter_names[qual] = name
+        conv_x[c] = _conv_x_arg(traced, c)
+    return adapters, adapter_names, conv_x
 
 
 def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
@@ -97,7 +125,13 @@ def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
     return x_val
 
 
-def _build_blocks(traced: TracedModel, facts: dict[fx.Node, NodeFacts]) -> ModelSplit:
+def _build_blocks(
+    traced: TracedModel,
+    facts: dict[fx.Node, NodeFacts],
+    adapters: nn.ModuleDict,
+    adapter_names: dict[str, str],
+    conv_x: dict[fx.Node, fx.Node],
+) -> ModelSplit:
     graph = traced.gm.graph
     feature_node = next(
         n for n in graph.nodes if n.op == "placeholder" and n.target == traced.feature_arg
@@ -108,22 +142,8 @@ def _build_blocks(traced: TracedModel, facts: dict[fx.Node, NodeFacts]) -> Model
     out_value = output.args[0]
     assert isinstance(out_value, fx.Node)
 
-    # One adapter per conv *module* (weight sharing across layers keeps one adapter).
     root = nn.Module()
     root.add_module("model", traced.gm)
-    adapters = nn.ModuleDict()
-    adapter_names: dict[str, str] = {}
-    conv_x: dict[fx.Node, fx.Node] = {}
-    for c in traced.conv_nodes:
-        conv_x[c] = _conv_x_arg(traced, c)
-        qual = str(c.target)
-        if qual not in adapter_names:
-            name = f"a{len(adapter_names)}"
-            try:
-                adapters[name] = adapter_for(traced.conv_module(c), qual)
-            except UnsupportedConvError as err:
-                raise ModelTraceError(f"{err} (used at {source_line(c)})") from err
-            adapter_names[qual] = name
     root.add_module("adapters", adapters)
 
     feature_order = [n for n in graph.nodes if n in part.block_of and n.op != "output"]

@@ -12,7 +12,7 @@ Call order::
 PyG-style ``forward(x, edge_index)`` is the default; DGL-style ``forward(graph, x)`` is
 recognised by argument names (``g``/``graph``/``block``/``blocks`` first). DGL convs
 (``dgl.nn.pytorch``) are leaves like PyG's and are called ``conv(graph, h)``; modules that
-need a heterograph are refused before tracing (:func:`~.registry.load_time_refusal`).
+need a heterograph are refused before tracing (:func:`~.registry.early_refusal`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from hopserve.worker.convs.registry import NODEWISE_ADVICE, is_conv_module, load_time_refusal
+from hopserve.worker.convs.registry import NODEWISE_ADVICE, early_refusal, is_conv_module
 
 _GRAPH_ARG_NAMES = {"edge_index", "adj", "adj_t", "g", "graph", "block", "blocks", "mfg"}
 _FX_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
@@ -156,9 +156,9 @@ def trace_model(model: nn.Module) -> TracedModel:
             no conv; the message names the module or source line.
     """
     model.eval()
-    refusal = load_time_refusal(model)
+    refusal = early_refusal(model)
     if refusal is not None:
-        raise ModelTraceError(refusal)
+        raise ModelTraceError(str(refusal)) from refusal
     feature_arg, graph_arg, style, concrete = _signature(model)
     tracer = ConvLeafTracer()
     try:

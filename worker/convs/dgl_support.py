@@ -1,0 +1,125 @@
+"""DGL rows of the support matrix: every conv of ``dgl.nn.pytorch``'s conv package, exact or why not.
+
+The same three kinds of row as PyG's (:mod:`.pyg_support`): exact through
+:class:`~.dgl_conv.DGLConvAdapter` (the conv's own forward on the batch's DGL block),
+adapted (``GraphConv``'s whole-graph out-degrees, ``PNAConv``'s whole-graph node count),
+refused with the reason. Rows are keyed by class name and loaded only once ``dgl`` is
+imported (:func:`~.registry._load_dgl_builtins`).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from hopserve.worker.convs.base import ConvAdapter
+
+EDGE_FEATURES = "needs edge features; the graph store has no edge data yet"
+HETERO = (
+    "runs on a heterogeneous graph (per-type node features and relations); "
+    "hopserve's graph store is homogeneous. Convert with dgl.to_homogeneous and a "
+    "homogeneous model, or serve it outside hopserve"
+)
+CUGRAPH = (
+    "runs on cugraph-ops' CUDA kernels (pylibcugraphops); serve the equivalent dgl.nn conv "
+    "({base}) instead"
+)
+DENSE = "takes a dense adjacency matrix, not a graph"
+
+
+def _block(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_conv import DGLConvAdapter
+
+    return DGLConvAdapter(conv)
+
+
+def _graphconv(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_graphconv import DGLGraphConvAdapter
+
+    return DGLGraphConvAdapter(conv)
+
+
+def _pna(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_pna import DGLPNAAdapter
+
+    return DGLPNAAdapter(conv)
+
+
+# name -> (status, adapter factory, note); a class missing from the installed DGL is skipped.
+ROWS: dict[str, tuple[str, object, str]] = {
+    # -- exact: the conv's own forward on the batch's block
+    "SAGEConv": ("exact", _block, "mean/gcn/pool; lstm in edge-id order (see README)"),
+    "GATConv": ("exact", _block, "multi-head, residual; edge softmax over all in-edges"),
+    "GATv2Conv": ("exact", _block, "multi-head, residual; edge softmax over all in-edges"),
+    "GINConv": ("exact", _block, "sum/max/mean, learnable eps, apply_func"),
+    "EdgeConv": ("exact", _block, "max over in-neighbours of theta(x_j - x_i) + phi(x_i)"),
+    "DotGatConv": ("exact", _block, "dot-product attention over in-neighbours"),
+    "AGNNConv": ("exact", _block, "cosine attention over in-neighbours"),
+    # -- adapted: a whole-graph statistic
+    "GraphConv": (
+        "adapted",
+        _graphconv,
+        "norm both/left scale by whole-graph source out-degrees: computed once per graph",
+    ),
+    "PNAConv": (
+        "adapted",
+        _pna,
+        "graph-size norm 1/sqrt(N) of the whole graph; degree scalers read the "
+        "destination's in-degree",
+    ),
+    # -- refused: hops inside one module
+    "APPNPConv": ("refused", None, "propagates k hops inside one module"),
+    "SGConv": ("refused", None, "propagates k hops inside one module (and needs global degrees)"),
+    "TAGConv": ("refused", None, "propagates k hops inside one module"),
+    "ChebConv": ("refused", None, "K-hop Chebyshev filter with whole-graph Laplacian"),
+    "GCN2Conv": ("refused", None, "needs the initial-residual input and global degrees"),
+    "TWIRLSConv": ("refused", None, "iterated propagation inside one module"),
+    "TWIRLSUnfoldingAndAttention": ("refused", None, "iterated propagation inside one module"),
+    "GatedGraphConv": (
+        "refused",
+        None,
+        "n_steps of propagation inside one module, over edge types",
+    ),
+    "GroupRevRes": (
+        "refused",
+        None,
+        "chains its inner conv over feature groups (one hop per group inside one module)",
+    ),
+    # -- refused: edge data, coordinates, relations
+    "RelGraphConv": ("refused", None, "needs per-edge relation types; the graph store has none"),
+    "GINEConv": ("refused", None, EDGE_FEATURES),
+    "NNConv": ("refused", None, EDGE_FEATURES),
+    "GMMConv": ("refused", None, "needs edge pseudo-coordinates; the graph store has no edge data"),
+    "EGATConv": ("refused", None, EDGE_FEATURES),
+    "EdgeGATConv": ("refused", None, EDGE_FEATURES),
+    "GatedGCNConv": ("refused", None, EDGE_FEATURES),
+    "CFConv": ("refused", None, EDGE_FEATURES),
+    "AtomicConv": ("refused", None, "needs per-edge distances; the graph store has no edge data"),
+    "EGNNConv": ("refused", None, "needs node coordinates and edge features"),
+    "EdgeWeightNorm": (
+        "refused",
+        None,
+        "normalizes edge weights (not a conv on node features); no edge data yet",
+    ),
+    "DGNConv": (
+        "refused",
+        None,
+        "needs the graph Laplacian's eigenvectors (eig_vec), a whole-graph input",
+    ),
+    # -- refused: not a message-passing graph input
+    "DenseChebConv": ("refused", None, DENSE),
+    "DenseGraphConv": ("refused", None, DENSE),
+    "DenseSAGEConv": ("refused", None, DENSE),
+    "HeteroGraphConv": ("refused", None, HETERO),
+    "HGTConv": ("refused", None, HETERO),
+    # -- refused: another library's kernel
+    "CuGraphGATConv": ("refused", None, CUGRAPH.format(base="GATConv")),
+    "CuGraphSAGEConv": ("refused", None, CUGRAPH.format(base="SAGEConv")),
+    "CuGraphRelGraphConv": (
+        "refused",
+        None,
+        "runs on cugraph-ops' CUDA kernels (pylibcugraphops) and needs edge types",
+    ),
+}
+
+EARLY = ("HeteroGraphConv", "HGTConv")
+"""Refused before tracing: they take per-type feature dicts, so tracing would fail first."""

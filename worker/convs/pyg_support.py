@@ -1,0 +1,235 @@
+"""PyG rows of the support matrix: every conv of ``torch_geometric.nn.conv``, exact or why not.
+
+Three kinds of row (see :mod:`.registry`):
+
+* exact through :class:`~.message_passing.MessagePassingAdapter`: 1-hop convs whose
+  every per-destination statistic (a softmax, a degree, a std) reads only the
+  destination's own in-edges, which a batch holds in full. ``pair`` convs take
+  ``(x_src, x_dst)``; ``square`` convs accept one tensor only and run on the square
+  batch, their destination rows sliced out;
+* adapted: a dedicated adapter supplies a whole-graph statistic (GCN-normalized convs)
+  or runs an inner conv through its own adapter (``AntiSymmetricConv``);
+* refused, with the reason (K hops inside one module, edge data, relations, positions,
+  dynamic graphs, heterogeneous graphs, another library's kernel).
+
+Some rows depend on how the conv was built (``CGConv(dim > 0)`` needs edge features,
+``FiLMConv(num_relations > 1)`` edge types): their factory refuses such instances with an
+:class:`~.base.UnsupportedConvError` whose ``reason`` the matrix shows.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from hopserve.worker.convs.base import ConvAdapter, UnsupportedConvError
+
+EDGE_FEATURES = "needs edge features (edge_attr); the graph store has no edge data yet"
+EDGE_TYPES = "needs per-edge relation types (edge_type); the graph store has no edge types yet"
+HETERO = (
+    "runs on a heterogeneous graph (per-type node features and relations); hopserve's "
+    "graph store is homogeneous. Convert with HeteroData.to_homogeneous and a homogeneous "
+    "model, or serve it outside hopserve"
+)
+POSITIONS = "takes node positions (pos) as a second per-node input; convs take one feature input"
+KNN = "builds its own k-nearest-neighbour graph from the features (no edge_index)"
+CUGRAPH = (
+    "runs on cugraph-ops' CUDA kernels (pylibcugraphops); serve the equivalent PyG conv "
+    "({base}) instead"
+)
+
+
+def _pair(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.message_passing import MessagePassingAdapter
+
+    return MessagePassingAdapter(conv, pair=True)
+
+
+def _pair_unfused(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.message_passing import MessagePassingAdapter
+
+    return MessagePassingAdapter(conv, pair=True, fuse=False)
+
+
+def _square(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.message_passing import MessagePassingAdapter
+
+    return MessagePassingAdapter(conv, pair=False, fuse=False)
+
+
+def _simple(conv: nn.Module) -> ConvAdapter:
+    """``SimpleConv``: ``combine_root="self_loop"`` adds loops, so it needs a square batch."""
+    return _square(conv) if conv.combine_root == "self_loop" else _pair(conv)
+
+
+def _cg(conv: nn.Module) -> ConvAdapter:
+    if conv.dim:
+        raise UnsupportedConvError(f"dim={conv.dim}: {EDGE_FEATURES}")
+    return _pair_unfused(conv)
+
+
+def _film(conv: nn.Module) -> ConvAdapter:
+    if conv.num_relations > 1:
+        raise UnsupportedConvError(f"num_relations={conv.num_relations}: {EDGE_TYPES}")
+    return _pair_unfused(conv)
+
+
+def _gcn(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn import GCNAdapter
+
+    return GCNAdapter(conv)
+
+
+def _lg(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn_norm import LGConvAdapter
+
+    return LGConvAdapter(conv)
+
+
+def _dna(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn_norm import DNAConvAdapter
+
+    return DNAConvAdapter(conv)
+
+
+def _eg(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn_norm import EGConvAdapter
+
+    return EGConvAdapter(conv)
+
+
+def _antisymmetric(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.antisymmetric import AntiSymmetricAdapter
+
+    return AntiSymmetricAdapter(conv)
+
+
+# name -> (status, adapter factory, note); a class missing from the installed PyG is skipped.
+ROWS: dict[str, tuple[str, object, str]] = {
+    # -- exact: 1-hop, per-destination statistics only
+    "SAGEConv": ("exact", _pair, "mean/max/sum/lstm; fused SpMM for sum/mean"),
+    "GraphConv": ("exact", _pair, "fused SpMM for sum/mean"),
+    "GINConv": ("exact", _pair, "fused SpMM for sum/mean"),
+    "GATConv": ("exact", _pair, "multi-head; self-loops per destination"),
+    "GATv2Conv": ("exact", _pair, "multi-head; self-loops per destination"),
+    "TransformerConv": ("exact", _pair, "multi-head attention over in-neighbours"),
+    "EdgeConv": ("exact", _pair, "max over in-neighbours of MLP(x_i, x_j - x_i)"),
+    "ResGatedGraphConv": ("exact", _pair_unfused, "gated sum over in-neighbours"),
+    "LEConv": ("exact", _pair_unfused, "sum of a(x_j) - b(x_i) over in-neighbours"),
+    "GENConv": (
+        "exact",
+        _pair_unfused,
+        "softmax/powermean aggregation over in-neighbours, then an MLP",
+    ),
+    "MFConv": (
+        "exact",
+        _pair_unfused,
+        "weights per destination in-degree (a batch holds every in-edge of a destination)",
+    ),
+    "FeaStConv": ("exact", _pair_unfused, "soft-assignment attention, self-loops per destination"),
+    "GeneralConv": ("exact", _pair_unfused, "sum/mean/attention over in-neighbours"),
+    "WLConvContinuous": ("exact", _pair_unfused, "mean of in-neighbours averaged with the node"),
+    "SimpleConv": ("exact", _simple, "parameter-free aggregation; self_loop on a square batch"),
+    "CGConv": ("exact", _cg, "gated sum over in-neighbours (dim=0: no edge features)"),
+    "FiLMConv": ("exact", _film, "feature-wise modulation by the destination (one relation)"),
+    "PNAConv": (
+        "exact",
+        _square,
+        "degree scalers read the destination's in-degree, which a batch holds in full; "
+        "square batch (the conv takes one tensor)",
+    ),
+    "AGNNConv": ("exact", _square, "cosine attention with self-loops, square batch"),
+    "ClusterGCNConv": (
+        "exact",
+        _square,
+        "normalized by the destination's in-degree only; square batch",
+    ),
+    "SuperGATConv": ("exact", _square, "attention in eval mode, self-loops; square batch"),
+    # -- adapted: a whole-graph statistic, or an inner conv through its own adapter
+    "GCNConv": ("adapted", _gcn, "symmetric normalization from whole-graph degrees"),
+    "LGConv": ("adapted", _lg, "symmetric normalization from whole-graph degrees"),
+    "DNAConv": (
+        "adapted",
+        _dna,
+        "attention over the layer history, symmetric normalization from whole-graph degrees",
+    ),
+    "EGConv": (
+        "adapted",
+        _eg,
+        "symnorm from whole-graph degrees; other aggregators read destinations only",
+    ),
+    "AntiSymmetricConv": (
+        "adapted",
+        _antisymmetric,
+        "num_iters=1: its inner conv phi runs through phi's own adapter",
+    ),
+    # -- refused: K hops inside one module
+    "APPNP": ("refused", None, "propagates K hops inside one module"),
+    "SGConv": ("refused", None, "propagates K hops inside one module (and needs global degrees)"),
+    "SSGConv": ("refused", None, "propagates K hops inside one module"),
+    "TAGConv": ("refused", None, "propagates K hops inside one module"),
+    "ChebConv": ("refused", None, "K-hop Chebyshev filter with whole-graph Laplacian"),
+    "ARMAConv": ("refused", None, "stacks of propagation inside one module"),
+    "MixHopConv": ("refused", None, "mixes several powers of the adjacency"),
+    "GatedGraphConv": ("refused", None, "num_layers steps of propagation inside one module"),
+    "PANConv": ("refused", None, "sums adjacency powers up to filter_size inside one module"),
+    # -- refused: a second per-node input
+    "GCN2Conv": ("refused", None, "needs the initial-residual input x_0 and global degrees"),
+    "FAConv": ("refused", None, "needs the initial-residual input x_0 and global degrees"),
+    "PointNetConv": ("refused", None, POSITIONS),
+    "PPFConv": ("refused", None, POSITIONS + " (and normals)"),
+    "PointTransformerConv": ("refused", None, POSITIONS),
+    "PointGNNConv": ("refused", None, POSITIONS),
+    # -- refused: edge data the store does not hold
+    "GINEConv": ("refused", None, EDGE_FEATURES),
+    "NNConv": ("refused", None, EDGE_FEATURES),
+    "GMMConv": ("refused", None, "needs edge pseudo-coordinates (edge_attr); no edge data yet"),
+    "SplineConv": ("refused", None, "needs edge pseudo-coordinates (edge_attr); no edge data yet"),
+    "PDNConv": ("refused", None, EDGE_FEATURES),
+    "RGCNConv": ("refused", None, EDGE_TYPES),
+    "FastRGCNConv": ("refused", None, EDGE_TYPES),
+    "RGATConv": ("refused", None, EDGE_TYPES),
+    "SignedConv": ("refused", None, "needs two edge sets (positive and negative edges)"),
+    # -- refused: heterogeneous graphs
+    "HGTConv": ("refused", None, HETERO),
+    "HANConv": ("refused", None, HETERO),
+    "HeteroConv": ("refused", None, HETERO),
+    "HEATConv": ("refused", None, "needs node types, edge types and edge features"),
+    # -- refused: not a fixed in-neighbourhood
+    "GravNetConv": ("refused", None, KNN),
+    "DynamicEdgeConv": ("refused", None, KNN),
+    "XConv": ("refused", None, KNN + " over positions"),
+    "HypergraphConv": ("refused", None, "aggregates over hyperedges, not an edge list"),
+    "DirGNNConv": (
+        "refused",
+        None,
+        "aggregates out-neighbours too (the reversed edges); a batch holds in-edges only",
+    ),
+    "GPSConv": ("refused", None, "global attention over every node of the graph"),
+    "WLConv": (
+        "refused",
+        None,
+        "assigns colour ids in the order it first sees neighbourhoods (stateful hashing)",
+    ),
+    "MeshCNNConv": (
+        "refused",
+        None,
+        "reads each node's four mesh neighbours in edge-list order (a, b, c, d); the store "
+        "keeps in-edges by source",
+    ),
+    # -- refused: another library's kernel
+    "CuGraphSAGEConv": ("refused", None, CUGRAPH.format(base="SAGEConv")),
+    "CuGraphGATConv": ("refused", None, CUGRAPH.format(base="GATConv")),
+    "CuGraphRGCNConv": (
+        "refused",
+        None,
+        "runs on cugraph-ops' CUDA kernels (pylibcugraphops) and needs edge types",
+    ),
+    "FusedGATConv": (
+        "refused",
+        None,
+        "runs dgNN's fused kernel on precomputed CSR/CSC inputs; serve GATConv instead",
+    ),
+}
+
+EARLY = ("HGTConv", "HANConv", "HeteroConv")
+"""Refused before tracing: they take per-type feature dicts, so tracing would fail first."""
