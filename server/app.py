@@ -48,12 +48,13 @@ from hopserve.security.gate import Gate
 from hopserve.server.admin import ADMIN_SERVICE, AdminService
 from hopserve.server.cache import EmbeddingCache, make_cache
 from hopserve.server.edge import EmbeddingService
+from hopserve.server.graphs import GraphAdmin
 from hopserve.server.metrics import Metrics
 from hopserve.server.metrics_http import start_metrics_server
 from hopserve.server.model_lifecycle import ModelLifecycle
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.server.workers import WorkerSet, make_workers
-from hopserve.worker.graph.topology import GraphTopology
+from hopserve.worker.graph.live import open_live
 
 __all__ = ["SERVICE_NAME", "Service", "build_server"]
 
@@ -384,7 +385,7 @@ async def build_server(config: HopserveConfig) -> Service:
     served: list[ServedModel] = []
     for index, model_cfg in enumerate(config.models):
         try:
-            topology = await asyncio.to_thread(GraphTopology.open, model_cfg.graph)
+            topology = await asyncio.to_thread(open_live, model_cfg.graph)
         except (OSError, ValueError) as err:
             raise ConfigError(f"models[{index}].graph: {err}") from None
         served.append(ServedModel(model_cfg, topology))
@@ -407,7 +408,7 @@ async def build_server(config: HopserveConfig) -> Service:
     add_service(server, edge, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
                 on_undecodable=edge.reject_undecodable, gate=gate)  # fmt: skip
     lifecycle = ModelLifecycle(config, models, edge, workers)
-    admin = AdminService(lifecycle, metrics)  # graph RPCs: set admin.graphs
+    admin = AdminService(lifecycle, metrics, GraphAdmin(models, metrics))
     add_service(server, admin, ADMIN_SERVICE, gate=gate)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

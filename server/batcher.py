@@ -86,6 +86,8 @@ class BatchRun:
     """Seconds per stage of the batch (shared by every request in it)."""
     num_requests: int = 0
     """Requests that shared the batch (set by the batcher)."""
+    graph_seq: int = 0
+    """Graph sequence the rows were computed at."""
 
 
 @dataclass
@@ -98,6 +100,11 @@ class BatchReply:
     """From submission until the request's last part was dispatched."""
     runs: tuple[BatchRun, ...]
     """The batches the request rode in (one per part)."""
+
+    @property
+    def graph_seq(self) -> int:
+        """The oldest graph sequence among the request's rows."""
+        return min((run.graph_seq for run in self.runs), default=0)
 
 
 BatchRunner = Callable[[np.ndarray, BatchKey, float], Awaitable[BatchRun]]

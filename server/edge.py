@@ -47,6 +47,7 @@ from hopserve.server.errors import (
     quote,
     to_status,
 )
+from hopserve.server.graphs import model_kind
 from hopserve.server.metrics import Metrics
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.server.pipeline import ModelPipeline
@@ -77,6 +78,7 @@ class _Query:
     write_cache: bool
     namespace: CacheNamespace
     deadline: float  # loop.time() instant
+    graph_seq: int = 0  # the graph sequence the answer's rows are exact for
 
 
 class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
@@ -134,6 +136,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
                 graph_version=model.graph_version,
                 timing=times.to_proto(time.perf_counter() - start),
                 cache_hits=hits,
+                graph_seq=query.graph_seq,
             )
 
     async def StreamEmbeddings(  # noqa: N802 - gRPC method name
@@ -175,6 +178,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
                             model=model.name,
                             model_version=model.version,
                             graph_version=model.graph_version,
+                            graph_seq=query.graph_seq,
                             cache_hits=int(hits[off:end].sum()),
                             timing=times.to_proto(time.perf_counter() - start) if last else None,
                         )
@@ -298,6 +302,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             write_cache=key.exact and policy != pb.CACHE_BYPASS,
             namespace=namespace,
             deadline=asyncio.get_running_loop().time() + remaining,
+            graph_seq=model.graph_seq,
         )
 
     # ------------------------------------------------------------------ rows
@@ -333,10 +338,16 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         )
         hit = np.zeros(len(uniq), dtype=bool)
         cached = None
+        live = model.live
         if query.read_cache:
             start = time.perf_counter()
             external = query.ids[piece][first]  # the cache is keyed by external ID
-            hit, cached = await self.cache.get_many(query.namespace, external)
+            min_seq = None
+            if live is not None:  # rows older than their node's last change are misses
+                kind = model_kind(model)
+                live.track(kind)
+                min_seq = live.stale_since(kind, uniq)
+            hit, cached = await self.cache.get_many(query.namespace, external, min_seq)
             seconds = time.perf_counter() - start
             times.cache_lookup += seconds
             self.metrics.observe_stage(model.name, "cache_lookup", seconds)
@@ -352,17 +363,23 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             times.queue_wait += reply.queue_wait_s
             rank = np.cumsum(miss) - 1  # position of each unique row among the misses
             rows[~row_hit] = reply.rows[rank[inverse[~row_hit]]]
+            query.graph_seq = max(query.graph_seq, reply.graph_seq)
             if query.write_cache:
-                self._write_back(query.namespace, query.ids[piece][first][miss], reply.rows)
+                self._write_back(
+                    query.namespace, query.ids[piece][first][miss], reply.rows, reply.graph_seq
+                )
         return rows, (row_hit if per_row_hits else int(row_hit.sum()))
 
-    def _write_back(self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Store computed rows in the background (never fails or delays the request)."""
+    def _write_back(
+        self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray, seq: int = 0
+    ) -> None:
+        """Store computed rows in the background (never fails or delays the request),
+        tagged with the graph sequence they were computed at."""
 
         async def write() -> None:
             start = time.perf_counter()
             try:
-                await self.cache.put_many(namespace, ids, rows)
+                await self.cache.put_many(namespace, ids, rows, seq)
             except Exception:  # the cache swallows backend errors; this is a bug
                 logger.exception("cache write-back of %d rows failed", len(ids))
             self.metrics.observe_stage(namespace.model, "write_back", time.perf_counter() - start)

@@ -186,7 +186,40 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(
         "worker_jobs", "hopserve_worker_jobs_total", "counter", ("worker", "outcome"),
-        "Jobs finished by a worker; outcome is ok, error, oom, cancelled or timeout.",
+        "Jobs finished by a worker; outcome is ok, error, oom, cancelled, timeout or "
+        "replanned (the worker had applied a later graph update; planned again).",
+    ),
+    # Living graphs ----------------------------------------------------------------------
+    MetricSpec(
+        "graph_update_seconds", "hopserve_graph_update_duration_seconds", "histogram",
+        ("graph",),
+        "UpdateGraph apply latency: check, log append + fsync, snapshot and cache "
+        "invalidation, until the answer.",
+        _REQUEST_BUCKETS,
+    ),
+    MetricSpec(
+        "graph_rows_invalidated", "hopserve_graph_rows_invalidated", "histogram", ("graph",),
+        "Node rows an update batch can change (the exact L-hop downstream set), summed "
+        "over the graph's model kinds; their cached rows stop being served.",
+        (0, 1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7),
+    ),
+    MetricSpec(
+        "graph_mutations", "hopserve_graph_mutations_total", "counter", ("graph",),
+        "Mutations applied (nodes added, edges added or removed, feature rows set).",
+    ),
+    MetricSpec(
+        "graph_seq", "hopserve_graph_seq", "gauge", ("graph",),
+        "Graph sequence this process has applied.",
+    ),
+    MetricSpec(
+        "graph_log_batches", "hopserve_graph_log_batches", "gauge", ("graph",),
+        "Update batches in the graph's log beyond its base store (compaction folds them in).",
+    ),
+    MetricSpec(
+        "graph_compaction_seconds", "hopserve_graph_compaction_duration_seconds", "histogram",
+        ("graph",),
+        "Duration of one compaction of the update log into a new base store.",
+        (0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
     ),
     # Models and build -------------------------------------------------------------------
     MetricSpec(
@@ -267,6 +300,12 @@ class Metrics:
     worker_device_memory: Gauge
     worker_up: Gauge
     worker_jobs: Counter
+    graph_update_seconds: Histogram
+    graph_rows_invalidated: Histogram
+    graph_mutations: Counter
+    graph_seq: Gauge
+    graph_log_batches: Gauge
+    graph_compaction_seconds: Histogram
     model_ready: Gauge
     model_stalled: Gauge
     refused: Counter

@@ -33,6 +33,7 @@ from hopserve.proto.contract import ModelStatus
 from hopserve.proto.fields import to_message
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.server.errors import ModelNotFoundError, ModelNotReadyError, quote
+from hopserve.worker.graph.live import LiveGraph
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["ModelRegistry", "ModelState", "ServedModel"]
@@ -55,9 +56,10 @@ class ServedModel:
         inflight: Requests resolved to this version and not yet answered.
     """
 
-    def __init__(self, config: ModelConfig, topology: GraphTopology) -> None:
+    def __init__(self, config: ModelConfig, topology: GraphTopology | LiveGraph) -> None:
         self.config = config
-        self.topology = topology
+        self.graph = topology  # what versions on the same graph share
+        self.live: LiveGraph | None = topology if isinstance(topology, LiveGraph) else None
         self.state: ModelState = "loading"
         self.status: ModelStatus | None = None  # what the worker reported
         self.error = ""
@@ -82,9 +84,20 @@ class ServedModel:
         return self.config.name, self.config.version
 
     @property
+    def topology(self) -> GraphTopology:
+        """The graph now (a living graph's current snapshot: hold it for a consistent view)."""
+        return self.live.topology if self.live is not None else self.graph
+
+    @property
+    def graph_seq(self) -> int:
+        """Graph sequence now (0 for a graph without updates)."""
+        return self.live.seq if self.live is not None else 0
+
+    @property
     def graph_version(self) -> str:
-        """Version of the graph served."""
-        return self.topology.version
+        """Version of the graph served (a living graph's lineage version: the same at every
+        sequence, so cache keys and jobs keep naming it)."""
+        return self.live.lineage_version if self.live is not None else self.graph.version
 
     @property
     def ready(self) -> bool:
@@ -178,7 +191,7 @@ class ServedModel:
             description=(s.description if s else "")
             or (self.error and f"not available: {self.error}"),
             dtype=pb.DTYPE_FLOAT32,
-            graph_seq=int(s.graph_seq) if s else 0,
+            graph_seq=self.graph_seq,
             state=self.state,
             is_default=is_default,
             traffic_percent=traffic_percent,

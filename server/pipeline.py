@@ -11,6 +11,10 @@
 
 Planning the union once serves every request of the batch (DGI §3.3): frontiers are
 monotone in the target set, so the union's frontiers contain each request's own.
+
+A living graph is planned on its current snapshot and the job names that sequence; a
+worker that has applied a later update refuses it (``GraphVersionMismatchError``) and the
+batch is planned again on the newer snapshot (up to :data:`MAX_REPLANS` times).
 Sampling batches are not planned here: the job carries fanouts and seed, and the worker
 samples (keyed per node and layer, so where the sample is drawn does not matter).
 """
@@ -24,7 +28,12 @@ import time
 import numpy as np
 
 from hopserve.config import ServerConfig
-from hopserve.proto.contract import DeadlineExceededError, Job, JobError
+from hopserve.proto.contract import (
+    DeadlineExceededError,
+    GraphVersionMismatchError,
+    Job,
+    JobError,
+)
 from hopserve.server.batcher import Batcher, BatchKey, BatchRun
 from hopserve.server.dispatch import Dispatcher
 from hopserve.server.metrics import Metrics
@@ -32,7 +41,16 @@ from hopserve.server.models import ServedModel
 from hopserve.server.timing import StageTimes
 from hopserve.worker.graph.planner import Plan, plan_frontiers
 
-__all__ = ["ModelPipeline", "plan_batch"]
+__all__ = ["MAX_REPLANS", "ModelPipeline", "plan_batch", "topology_of"]
+
+MAX_REPLANS = 4
+"""Plans of one batch when workers keep moving to newer graph sequences."""
+
+
+def topology_of(model: ServedModel):  # -> GraphTopology (a snapshot when the graph lives)
+    """The model's graph as it is now: one immutable snapshot to plan a batch on."""
+    live = getattr(model, "live", None)
+    return live.topology if live is not None else model.topology
 
 
 class ModelPipeline:
@@ -70,27 +88,39 @@ class ModelPipeline:
         """The batcher's runner: plan the union once, run one job, record its stats."""
         model, metrics = self.model, self.metrics
         loop = asyncio.get_running_loop()
-        plan, planned_s = await asyncio.to_thread(plan_batch, model, targets, key, metrics)
-        job = Job(
-            job_id=f"{model.name}-{next(self._job_ids)}",
-            model=model.name,
-            model_version=model.version,
-            targets=targets,
-            frontiers=None if plan is None else plan.frontiers,
-            fanouts=key.fanouts,
-            seed=None if key.exact else key.seed,
-            deadline=time.time() + max(0.0, deadline - loop.time()),
-            graph_version=model.graph_version,
-        )
-        start = time.perf_counter()
-        try:
-            result = await self.dispatcher.run(job)
-        except asyncio.CancelledError:
-            metrics.worker_jobs.labels(self._worker_hint, "cancelled").inc()
-            raise
-        except JobError as exc:
-            metrics.worker_jobs.labels(self._worker_hint, _job_outcome(exc)).inc()
-            raise
+        for attempt in range(MAX_REPLANS):
+            topology = topology_of(model)
+            plan, planned_s = await asyncio.to_thread(
+                plan_batch, model, targets, key, metrics, topology
+            )
+            job = Job(
+                job_id=f"{model.name}-{next(self._job_ids)}",
+                model=model.name,
+                model_version=model.version,
+                targets=targets,
+                frontiers=None if plan is None else plan.frontiers,
+                fanouts=key.fanouts,
+                seed=None if key.exact else key.seed,
+                deadline=time.time() + max(0.0, deadline - loop.time()),
+                graph_version=model.graph_version,
+                graph_seq=int(getattr(topology, "seq", 0)),
+            )
+            start = time.perf_counter()
+            try:
+                result = await self.dispatcher.run(job)
+                break
+            except asyncio.CancelledError:
+                metrics.worker_jobs.labels(self._worker_hint, "cancelled").inc()
+                raise
+            except GraphVersionMismatchError as exc:
+                metrics.worker_jobs.labels(self._worker_hint, "replanned").inc()
+                if attempt + 1 == MAX_REPLANS or getattr(model, "live", None) is None:
+                    raise
+                await asyncio.to_thread(model.live.catch_up)  # planned on an old snapshot
+                del exc
+            except JobError as exc:
+                metrics.worker_jobs.labels(self._worker_hint, _job_outcome(exc)).inc()
+                raise
         wall = time.perf_counter() - start
         metrics.worker_jobs.labels(result.worker or self._worker_hint, "ok").inc()
         if result.embeddings.shape != (len(targets), model.dim):
@@ -109,7 +139,7 @@ class ModelPipeline:
         first = 0 if len(stats.layers) == model.num_layers + 1 else 1  # block 0 reported?
         for block, seconds in enumerate(stats.layer_compute_s, start=first):
             metrics.layer_compute.labels(model.name, str(block)).observe(seconds)
-        return BatchRun(rows=result.embeddings, timing=timing)
+        return BatchRun(rows=result.embeddings, timing=timing, graph_seq=result.graph_seq)
 
     async def close(self) -> None:
         """Fail what is still queued and cancel running batches."""
@@ -117,23 +147,28 @@ class ModelPipeline:
 
 
 def plan_batch(
-    model: ServedModel, targets: np.ndarray, key: BatchKey, metrics: Metrics | None = None
+    model: ServedModel,
+    targets: np.ndarray,
+    key: BatchKey,
+    metrics: Metrics | None = None,
+    topology=None,  # noqa: ANN001 - a GraphTopology; default: topology_of(model)
 ) -> tuple[Plan | None, float]:
     """The frontiers of a batch's union (exact layer-wise batches; else ``None``) and the
     seconds spent; records ``planning`` and ``hopserve_frontier_nodes`` per layer.
 
-    Thread-safe (reads the topology only); call it off the event loop.
+    Thread-safe (reads one immutable snapshot); call it off the event loop.
     """
     if not key.exact or not model.plans_frontiers:
         return None, 0.0
+    topology = topology_of(model) if topology is None else topology
     start = time.perf_counter()
     plan = plan_frontiers(
-        model.topology, targets, model.num_layers, input_layer=model.reads_input_frontier
+        topology, targets, model.num_layers, input_layer=model.reads_input_frontier
     )
     seconds = time.perf_counter() - start
     if metrics is not None:
         metrics.observe_stage(model.name, "planning", seconds)
-        for layer, size in enumerate(plan.sizes(model.topology.num_nodes)):
+        for layer, size in enumerate(plan.sizes(topology.num_nodes)):
             if plan.layers[layer].planned:
                 metrics.frontier_nodes.labels(model.name, str(layer)).observe(size)
     return plan, seconds

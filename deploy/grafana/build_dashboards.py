@@ -268,12 +268,43 @@ def engine() -> Dashboard:
                   "1 while the worker answers health checks.", width=6, max=1, decimals=0),
         ),
     )  # fmt: skip
+    graphs = Row(
+        "Graph updates",
+        (
+            Panel("Mutations/s",
+                  (Query(f"sum by (graph) ({rate('hopserve_graph_mutations_total')})",
+                         "{{graph}}"),),
+                  "Nodes added, edges added or removed and feature rows set per second "
+                  "(UpdateGraph).", unit="ops", width=6),
+            Panel("Update apply latency p50 / p99",
+                  (Query(quantile(0.5, "hopserve_graph_update_duration_seconds", "", "graph"),
+                         "{{graph}} p50"),
+                   Query(quantile(0.99, "hopserve_graph_update_duration_seconds", "", "graph"),
+                         "{{graph}} p99")),
+                  "Check, log append + fsync, snapshot and cache invalidation, until the "
+                  "answer.", unit="s", width=6),
+            Panel("Rows invalidated per update",
+                  (Query(mean("hopserve_graph_rows_invalidated", "", "graph"),
+                         "{{graph}} mean"),
+                   Query(quantile(0.99, "hopserve_graph_rows_invalidated", "", "graph"),
+                         "{{graph}} p99")),
+                  "The exact L-hop downstream set of a batch: large when it touches a hub.",
+                  width=6),
+            Panel("Graph sequence and log length",
+                  (Query("max by (graph) (hopserve_graph_seq)", "{{graph}} seq"),
+                   Query("max by (graph) (hopserve_graph_log_batches)", "{{graph}} log"),
+                   Query(f"sum by (graph) ({rate('hopserve_graph_compaction_duration_seconds_count')})",
+                         "{{graph}} compactions/s")),
+                  "Sequence applied by this process; batches in the log beyond the base "
+                  "store (compaction folds them in).", width=6),
+        ),
+    )  # fmt: skip
     return Dashboard(
         "hopserve-engine",
         "hopserve / Engine",
         "Where time goes: pipeline stages, per-layer compute, frontier sizes, dynamic "
-        "batching and worker devices.",
-        (stages, layers, batching, workers),
+        "batching, worker devices and graph updates.",
+        (stages, layers, batching, workers, graphs),
     )
 
 

@@ -161,9 +161,9 @@ class LiveGraph:
         self._features = None
         self.snapshot = snap
         self.log = UpdateLog(self.updates_dir / LOG_FILE)
-        for stale in self._stale.values():
-            stale[:] = base_seq
         self._replay(self.log.last_seq or base_seq)
+        for kind in list(self._stale):  # reopened: nothing cached before is trusted
+            self._stale[kind] = np.full(self.snapshot.num_nodes, self.seq, np.int64)
 
     def _replay(self, upto: int) -> None:
         for seq, payload in self.log.read(self.snapshot.seq, upto):
@@ -186,10 +186,16 @@ class LiveGraph:
         return self.snapshot
 
     def track(self, kind: ModelKind) -> None:
-        """Keep stale-since sequences for models of ``kind`` (see :meth:`stale_since`)."""
+        """Keep stale-since sequences for models of ``kind`` (see :meth:`stale_since`).
+
+        Rows computed before tracking began are stale (their invalidations were not
+        recorded): every node starts at the current sequence.
+        """
+        if kind in self._stale:
+            return
         with self._mutex:
             if kind not in self._stale:
-                self._stale[kind] = np.full(self.snapshot.num_nodes, self.base_seq, np.int64)
+                self._stale[kind] = np.full(self.snapshot.num_nodes, self.seq, np.int64)
 
     def stale_since(self, kind: ModelKind, nodes: np.ndarray) -> np.ndarray:
         """Per storage node: the sequence of the last batch that could change its row

@@ -1,0 +1,205 @@
+"""The graph owner on a front-end: ``UpdateGraph``, ``CompactGraph`` and ``GetGraph``.
+
+One :class:`GraphAdmin` per front-end handles the graph RPCs of
+:class:`~hopserve.server.admin.AdminService` over the living graphs of its models
+(:class:`~hopserve.worker.graph.live.LiveGraph`, one per graph folder, shared with the
+in-process workers). An update, in order::
+
+    decode      packed ids and float32 rows → MutationBatch      bad bytes: INVALID_ARGUMENT
+    track       every ready model on the graph registers its kind (layers, degree norm)
+    apply       resolve whole → log append + fsync → next snapshot → stale-since marks
+    answer      graph_seq, counts, rows invalidated; metrics
+
+Read-your-writes: the stale-since marks (``LiveGraph.stale_since``) are set before the
+answer, and the edge drops every cached row computed at an earlier sequence than its
+node's mark; jobs planned at the new sequence make workers catch up first. After
+:data:`COMPACT_AFTER_BATCHES` logged batches a compaction starts in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from hopserve.proto.tensors import decode_embeddings
+from hopserve.proto.v1 import admin_pb2
+from hopserve.proto.v1 import embedding_pb2 as pb
+from hopserve.server.errors import InvalidRequestError, ModelNotReadyError, quote
+from hopserve.server.metrics import Metrics
+from hopserve.worker.graph.live import InvalidUpdateError, LiveGraph, MutationBatch
+
+__all__ = ["COMPACT_AFTER_BATCHES", "GraphAdmin", "decode_rows", "model_kind"]
+
+log = logging.getLogger(__name__)
+
+COMPACT_AFTER_BATCHES = 10_000
+"""Logged batches after which a graph is compacted automatically (0 = never)."""
+
+
+def model_kind(model) -> tuple[int, bool]:  # noqa: ANN001 - a ServedModel
+    """``(num_layers, degree_normalized)`` of a ready model: what its invalidation needs."""
+    status = model.status
+    return int(model.num_layers), bool(getattr(status, "degree_normalized", True))
+
+
+def decode_rows(rows: pb.NodeRows, dim: int, what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(ids, float32 [k, dim] features)`` of a ``NodeRows`` message.
+
+    Raises:
+        InvalidRequestError: wrong dtype, width or byte count (names ``what``).
+    """
+    ids = np.asarray(rows.node_ids, dtype=np.int64)
+    if ids.size == 0 and not rows.features:
+        return ids, None
+    if rows.dtype != pb.DTYPE_FLOAT32:
+        raise InvalidRequestError(f"{what}: dtype must be DTYPE_FLOAT32")
+    if rows.dim != dim:
+        raise InvalidRequestError(
+            f"{what}: feature width {rows.dim} does not match the graph's {dim}"
+        )
+    try:
+        features = decode_embeddings(rows.features, int(ids.size), dim)
+    except ValueError as err:
+        raise InvalidRequestError(f"{what}: {err}") from None
+    return ids, np.array(features, dtype=np.float32)
+
+
+class GraphAdmin:
+    """The graph RPCs (the ``graphs`` handler of ``AdminService``).
+
+    Args:
+        models: The served models (their ``live`` graphs and kinds).
+        metrics: Where update metrics go.
+        compact_after: Logged batches that trigger a background compaction (0 = never).
+    """
+
+    def __init__(
+        self, models, metrics: Metrics, compact_after: int = COMPACT_AFTER_BATCHES
+    ) -> None:  # noqa: ANN001
+        self.models = models
+        self.metrics = metrics
+        self.compact_after = compact_after
+        self._compactions: dict[Path, asyncio.Task[None]] = {}
+
+    def _graph(self, name: str) -> LiveGraph:
+        model = self.models.get(name)
+        live = getattr(model, "live", None)
+        if live is None:
+            raise InvalidRequestError(f"model {quote(name)} serves a graph that takes no updates")
+        return live
+
+    def _on_graph(self, live: LiveGraph) -> list:
+        return [m for m in self.models if getattr(m, "live", None) is live]
+
+    def track_ready(self, live: LiveGraph) -> None:
+        """Register the invalidation kind of every ready model on ``live``."""
+        for model in self._on_graph(live):
+            if model.ready:
+                live.track(model_kind(model))
+
+    async def update_graph(
+        self, request: admin_pb2.UpdateGraphRequest, context: object
+    ) -> admin_pb2.UpdateGraphResponse:
+        """Apply one batch (see the module docstring)."""
+        live = self._graph(request.model)
+        dim = live.topology.feature_dim
+        add_ids, add_rows = decode_rows(request.add_nodes, dim, "add_nodes")
+        set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
+        batch = MutationBatch(
+            add_node_ids=add_ids,
+            add_node_features=add_rows,
+            remove_src=np.asarray(request.remove_edges.src, dtype=np.int64),
+            remove_dst=np.asarray(request.remove_edges.dst, dtype=np.int64),
+            add_src=np.asarray(request.add_edges.src, dtype=np.int64),
+            add_dst=np.asarray(request.add_edges.dst, dtype=np.int64),
+            set_node_ids=set_ids,
+            set_features=set_rows,
+            idempotency_key=request.idempotency_key,
+        )
+        self.track_ready(live)
+        try:
+            result = await asyncio.to_thread(live.apply, batch)
+        except InvalidUpdateError as err:
+            raise InvalidRequestError(f"model {quote(request.model)}: {err}") from None
+        except OSError as err:  # the log could not be written: nothing was applied
+            log.error("update log of %s: %s", live.path, err)
+            raise ModelNotReadyError(f"the graph's update log cannot be written ({err})") from None
+        label = live.path.name
+        if not result.replayed:
+            m = self.metrics
+            m.graph_update_seconds.labels(label).observe(result.apply_s)
+            m.graph_rows_invalidated.labels(label).observe(result.rows_invalidated)
+            m.graph_mutations.labels(label).inc(
+                result.nodes_added + result.edges_added + result.edges_removed
+                + result.features_set
+            )  # fmt: skip
+        self._publish(live)
+        self._maybe_compact(live)
+        return admin_pb2.UpdateGraphResponse(
+            graph_seq=result.seq,
+            graph_version=live.lineage_version,
+            nodes_added=result.nodes_added,
+            edges_added=result.edges_added,
+            edges_removed=result.edges_removed,
+            features_set=result.features_set,
+            rows_invalidated=result.rows_invalidated,
+            replayed=result.replayed,
+            num_nodes=result.num_nodes,
+            num_edges=result.num_edges,
+        )
+
+    async def compact_graph(
+        self, request: admin_pb2.CompactGraphRequest, context: object
+    ) -> admin_pb2.GraphInfo:
+        """Compact now (waits for it); answers the graph's state afterwards."""
+        live = self._graph(request.model)
+        running = self._compactions.get(live.path)
+        if running is not None and not running.done():
+            await asyncio.shield(running)
+        else:
+            await self._compact(live)
+        return self._info(live)
+
+    async def get_graph(
+        self, request: admin_pb2.GetGraphRequest, context: object
+    ) -> admin_pb2.GraphInfo:
+        """The graph's state."""
+        return self._info(self._graph(request.model))
+
+    # ------------------------------------------------------------------ internals
+    def _info(self, live: LiveGraph) -> admin_pb2.GraphInfo:
+        info = live.info()
+        return admin_pb2.GraphInfo(**info, models=sorted({m.name for m in self._on_graph(live)}))
+
+    def _publish(self, live: LiveGraph) -> None:
+        label = live.path.name
+        self.metrics.graph_seq.labels(label).set(live.seq)
+        self.metrics.graph_log_batches.labels(label).set(len(live.log))
+
+    def _maybe_compact(self, live: LiveGraph) -> None:
+        if not self.compact_after or len(live.log) < self.compact_after:
+            return
+        running = self._compactions.get(live.path)
+        if running is None or running.done():
+            task = asyncio.get_running_loop().create_task(self._compact(live))
+            self._compactions[live.path] = task
+
+    async def _compact(self, live: LiveGraph) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            await asyncio.to_thread(live.compact)
+        except Exception:
+            log.exception("compaction of %s failed (the log and the old base stay)", live.path)
+            raise
+        self.metrics.graph_compaction_seconds.labels(live.path.name).observe(loop.time() - start)
+        self._publish(live)
+
+    async def close(self) -> None:
+        """Wait for a running compaction (it cannot be interrupted halfway safely)."""
+        tasks = [t for t in self._compactions.values() if not t.done()]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
