@@ -11,11 +11,20 @@ enough to query a server::
     # a secured server: TLS with your CA, a bearer token (scope embeddings:read)
     EmbeddingClient("hopserve.internal:50051", root_certificates="ca.crt", token=token)
 
-:class:`AsyncEmbeddingClient` has the same methods as coroutines. Failures raise
+:class:`AsyncEmbeddingClient` has the same methods as coroutines; :class:`AdminClient`
+and :class:`AsyncAdminClient` load and switch model versions and update graphs (scope
+``admin``). Failures raise
 :class:`HopserveError` subclasses carrying the gRPC status; :mod:`hopserve.proto.tensors`
 packs and unpacks the raw tensors of the wire format.
 """
 
+from hopserve.client.admin import (
+    AdminClient,
+    AsyncAdminClient,
+    GraphInfo,
+    GraphUpdateResult,
+    UnloadResult,
+)
 from hopserve.client.aio import AsyncEmbeddingClient
 from hopserve.client.errors import (
     DeadlineExceededError,
@@ -33,11 +42,15 @@ from hopserve.client.sync import EmbeddingClient
 from hopserve.proto.tensors import decode_embeddings, encode_embeddings
 
 __all__ = [
+    "AdminClient",
+    "AsyncAdminClient",
     "AsyncEmbeddingClient",
     "BlockInfo",
     "DeadlineExceededError",
     "EmbeddingClient",
     "EmbeddingResult",
+    "GraphInfo",
+    "GraphUpdateResult",
     "HopserveError",
     "InvalidArgumentError",
     "MalformedResponseError",
@@ -47,6 +60,7 @@ __all__ = [
     "ResourceExhaustedError",
     "UnauthenticatedError",
     "UnavailableError",
+    "UnloadResult",
     "decode_embeddings",
     "encode_embeddings",
 ]
