@@ -124,6 +124,9 @@ class ModelLifecycle:
             (m.config_dir for m in config.models if m.config_dir is not None), Path.cwd()
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        self._graphs: dict[Path, Any] = {}  # resolved folder -> the graph its versions share
+        for model in models:
+            self._graphs.setdefault(Path(model.config.graph).resolve(), model.graph)
         self.drain_timeout_s = max(config.server.default_deadline_s, config.server.grace_period_s)
 
     # ------------------------------------------------------------------ load
@@ -197,12 +200,14 @@ class ModelLifecycle:
             return model
 
     def _topology(self, cfg: ModelConfig) -> Any:
-        """The served topology of ``cfg.graph`` (shared with the versions on it)."""
-        want = Path(cfg.graph).resolve()
+        """The served graph of ``cfg.graph`` (shared with the versions on it; a graph
+        stays served after its last model was unloaded)."""
         for model in self.models:
-            if Path(model.config.graph).resolve() == want:
-                return model.topology
-        served = sorted({str(Path(m.config.graph).resolve()) for m in self.models})
+            self._graphs.setdefault(Path(model.config.graph).resolve(), model.graph)
+        graph = self._graphs.get(Path(cfg.graph).resolve())
+        if graph is not None:
+            return graph
+        served = sorted(str(path) for path in self._graphs)
         raise InvalidRequestError(
             f"config: graph {quote(str(cfg.graph), 200)} is not a graph this server serves "
             f"(served: {', '.join(repr(s) for s in served) or 'none'}); a new graph needs "
