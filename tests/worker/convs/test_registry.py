@@ -72,3 +72,34 @@ def test_gcn_adapter_for_subclass_via_mro():
 
     adapter = adapter_for(MyGCN(4, 4), "conv")
     assert type(adapter).__name__ == "GCNAdapter"
+
+
+def test_registering_a_conv_that_takes_one_tensor_runs_it_square(monkeypatch):
+    """``register_conv(PNAConv)`` (a user re-registering it) must not hand it a pair: its
+    forward annotates ``x: Tensor``, so it runs on the square batch, exactly."""
+    from torch_geometric.nn import PNAConv
+
+    from hopserve.worker.convs import registry
+
+    registry._load_builtins()
+    monkeypatch.setattr(registry, "_MATRIX", dict(registry._MATRIX))  # restored afterwards
+    hopserve.register_conv(PNAConv)
+    conv = PNAConv(4, 3, ["mean", "max", "std"], ["identity", "amplification"], torch.ones(5))
+    assert adapter_for(conv, "conv").pair is False
+    n = 60
+    edge_index = random_edge_index(n, 240, seed=3)
+    x = torch.randn(n, 4)
+    store = GraphStore.from_edge_index(edge_index, x)
+
+    class OnePNA(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    model = OnePNA().eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=7, progress=False)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "registered PNAConv")

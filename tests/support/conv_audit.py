@@ -1,0 +1,535 @@
+"""The conv coverage audit: every conv PyG and DGL export is exact or refused with a reason.
+
+For every class of ``torch_geometric.nn.conv.__all__`` and every ``nn.Module`` class of
+``dgl.nn.pytorch.conv``, :data:`PYG_CASES` / :data:`DGL_CASES` say how to build it with
+typical arguments (a class without a row is reported by :func:`missing_cases`, so a new
+PyG or DGL release is noticed). Two such convs are wrapped in a small model, loaded the
+way the engine loads a model (``make_evaluator(..., fallback="error")``, self-check on)
+and, unless refused, evaluated on a small random graph for all nodes (full) and for a
+target subset (partial), both compared with the model's own full-graph forward
+(:func:`support.assert_exact`). Outcomes (:class:`Row`):
+
+* ``exact`` / ``adapted`` — both evaluations equal the forward (``adapted``: through a
+  dedicated adapter that supplies a whole-graph statistic); the reason column says how;
+* ``refused`` — the load raised the engine's refusal (``ModelTraceError``) from the
+  support matrix (an ``UnsupportedConvError``), with its short reason;
+* ``crash`` / ``wrong`` — anything else: another exception, a refusal that wraps a crash
+  (a probe-graph failure), a refusal by the load's self-check (the matrix let through a
+  conv that is not exact), or a result that differs. The audit tests fail on these.
+
+``bench/support_matrix.py`` renders the rows into ``docs/support_matrix.md``
+(:func:`render_section`); the audit tests check the committed file is up to date.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from support import assert_exact, random_edge_index
+
+D_IN, HIDDEN, D_OUT = 6, 8, 4
+NUM_NODES, NUM_EDGES = 24, 60
+TARGETS = (NUM_NODES - 1, 0, 5, 5, 11)  # the isolated last node and a duplicate
+BATCH_NODES = 4
+
+Builder = Callable[[type, int, int], nn.Module]  # (class, in width, out width) -> conv
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to build one conv class for the audit.
+
+    Attributes:
+        build: ``(cls, d_in, d_out) -> conv``.
+        variant: shown after the class name when a class has several cases.
+        same_width: the conv keeps its input width (``d_out`` is ignored): the model
+            projects the features to ``HIDDEN`` first.
+        history: the conv reads the stack of earlier layers' outputs ``[N, L, C]``
+            (``DNAConv``).
+    """
+
+    build: Builder
+    variant: str = ""
+    same_width: bool = False
+    history: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """One audited conv: ``status`` in exact / adapted / refused / crash / wrong."""
+
+    library: str  # "pyg" | "dgl"
+    conv: str  # class name
+    variant: str  # the case's variant ("" for a class's typical case)
+    status: str
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.conv} ({self.variant})" if self.variant else self.conv
+
+
+def _mlp(a: int, b: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, b))
+
+
+def _heads(o: int) -> int:
+    """Per-head width of a 2-head conv whose concatenated heads are ``o`` wide."""
+    return max(1, o // 2)
+
+
+def _c(**kw: Any) -> Builder:
+    """``cls(d_in, d_out, **kw)``."""
+    return lambda cls, i, o: cls(i, o, **kw)
+
+
+def _same(**kw: Any) -> Builder:
+    """``cls(**kw)`` for width-keeping convs without channel arguments."""
+    return lambda cls, i, o: cls(**kw)
+
+
+_META = (["a"], [("a", "to", "a")])  # a one-type heterogeneous schema
+
+PYG_CASES: dict[str, tuple[Case, ...]] = {
+    "MessagePassing": (Case(_same(aggr="add"), same_width=True),),  # the bare base class
+    "SimpleConv": (
+        Case(_same(aggr="mean", combine_root="sum"), same_width=True),
+        Case(_same(aggr="sum", combine_root="self_loop"), "self_loop", same_width=True),
+    ),
+    "GCNConv": (Case(_c()),),
+    "ChebConv": (Case(_c(K=2)),),
+    "SAGEConv": (Case(_c()), Case(_c(aggr="max"), "max")),
+    "CuGraphSAGEConv": (Case(_c()),),
+    "GraphConv": (Case(_c()),),
+    "GravNetConv": (Case(_c(space_dimensions=2, propagate_dimensions=2, k=3)),),
+    "GatedGraphConv": (Case(lambda cls, i, o: cls(i, num_layers=2), same_width=True),),
+    "ResGatedGraphConv": (Case(_c()),),
+    "GATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "CuGraphGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "FusedGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2, add_self_loops=False)),),
+    "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "TransformerConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "AGNNConv": (Case(_same(), same_width=True),),
+    "TAGConv": (Case(_c(K=2)),),
+    "GINConv": (Case(lambda cls, i, o: cls(_mlp(i, o), train_eps=True)),),
+    "GINEConv": (Case(lambda cls, i, o: cls(_mlp(i, o), edge_dim=3)),),
+    "ARMAConv": (Case(_c()),),
+    "SGConv": (Case(_c(K=2)),),
+    "SSGConv": (Case(_c(alpha=0.1, K=2)),),
+    "APPNP": (Case(_same(K=2, alpha=0.1), same_width=True),),
+    "MFConv": (Case(_c(max_degree=4)),),
+    "RGCNConv": (Case(_c(num_relations=2)),),
+    "FastRGCNConv": (Case(_c(num_relations=2)),),
+    "CuGraphRGCNConv": (Case(_c(num_relations=2)),),
+    "RGATConv": (Case(_c(num_relations=2)),),
+    "SignedConv": (Case(_c(first_aggr=True)),),
+    "DNAConv": (Case(lambda cls, i, o: cls(i, heads=2), same_width=True, history=True),),
+    "PointNetConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 3, o))),),
+    "GMMConv": (Case(_c(dim=2, kernel_size=3)),),
+    "SplineConv": (Case(_c(dim=2, kernel_size=3)),),
+    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn=nn.Linear(3, i * o))),),
+    "CGConv": (
+        Case(lambda cls, i, o: cls(i), same_width=True),
+        Case(lambda cls, i, o: cls(i, dim=3), "dim=3", same_width=True),
+    ),
+    "EdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), aggr="max")),),
+    "DynamicEdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), k=3)),),
+    "XConv": (Case(_c(dim=3, kernel_size=4)),),
+    "PPFConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 4, o))),),
+    "FeaStConv": (Case(_c(heads=2)),),
+    "PointTransformerConv": (Case(_c()),),
+    "HypergraphConv": (Case(_c()),),
+    "LEConv": (Case(_c()),),
+    "PNAConv": (
+        Case(
+            _c(
+                aggregators=["mean", "min", "max", "std"],
+                scalers=["identity", "amplification", "attenuation", "linear"],
+                deg=torch.tensor([1, 4, 6, 3, 2]),
+            )
+        ),
+    ),
+    "ClusterGCNConv": (Case(_c(diag_lambda=0.5)),),
+    "GENConv": (Case(_c()), Case(_c(aggr="powermean", learn_p=True), "powermean")),
+    "GCN2Conv": (Case(lambda cls, i, o: cls(i, alpha=0.1), same_width=True),),
+    "PANConv": (Case(_c(filter_size=2)),),
+    "WLConv": (Case(_same(), same_width=True),),
+    "WLConvContinuous": (Case(_same(), same_width=True),),
+    "FiLMConv": (Case(_c()), Case(_c(num_relations=2), "num_relations=2")),
+    "SuperGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "FAConv": (Case(lambda cls, i, o: cls(i), same_width=True),),
+    "EGConv": (
+        Case(_c(num_heads=2, num_bases=2)),
+        Case(
+            _c(aggregators=["sum", "mean", "max"], num_heads=2, num_bases=2, add_self_loops=False),
+            "sum/mean/max, no self-loops",
+        ),
+    ),
+    "PDNConv": (Case(_c(edge_dim=3, hidden_channels=4)),),
+    "GeneralConv": (Case(_c()), Case(_c(attention=True, heads=2), "attention")),
+    "HGTConv": (Case(lambda cls, i, o: cls(i, o, metadata=_META, heads=2)),),
+    "HEATConv": (
+        Case(
+            _c(
+                num_node_types=2,
+                num_edge_types=2,
+                edge_type_emb_dim=2,
+                edge_dim=2,
+                edge_attr_emb_dim=2,
+            )
+        ),
+    ),
+    "HeteroConv": (Case(lambda cls, i, o: cls({("a", "to", "a"): _pyg("SAGEConv")(i, o)})),),
+    "HANConv": (Case(lambda cls, i, o: cls(i, o, metadata=_META, heads=2)),),
+    "LGConv": (Case(_same(), same_width=True),),
+    "PointGNNConv": (
+        Case(
+            lambda cls, i, o: cls(mlp_h=_mlp(i, 3), mlp_f=_mlp(i + 3, i), mlp_g=_mlp(i, i)),
+            same_width=True,
+        ),
+    ),
+    "GPSConv": (
+        Case(lambda cls, i, o: cls(i, _pyg("GINConv")(_mlp(i, i)), heads=2), same_width=True),
+    ),
+    "AntiSymmetricConv": (
+        Case(lambda cls, i, o: cls(i), same_width=True),
+        Case(lambda cls, i, o: cls(i, num_iters=2), "num_iters=2", same_width=True),
+    ),
+    "DirGNNConv": (Case(lambda cls, i, o: cls(_pyg("SAGEConv")(i, o))),),
+    "MixHopConv": (Case(_c(powers=[0, 1, 2])),),
+    "MeshCNNConv": (Case(_c()),),
+}
+
+
+def _pyg(name: str) -> type:
+    return getattr(importlib.import_module("torch_geometric.nn.conv"), name)
+
+
+def _dgl(name: str) -> type:
+    return getattr(importlib.import_module("dgl.nn.pytorch"), name)
+
+
+def _dgl_pna(dir_aggr: bool) -> Builder:
+    aggrs = ["dir1-av", "mean", "max"] if dir_aggr else ["mean", "max", "std"]
+    return _c(aggregators=aggrs, scalers=["identity", "amplification"], delta=1.5)
+
+
+DGL_CASES: dict[str, tuple[Case, ...]] = {
+    "AGNNConv": (Case(_same(), same_width=True),),
+    "APPNPConv": (Case(_same(k=2, alpha=0.1), same_width=True),),
+    "AtomicConv": (
+        Case(
+            lambda cls, i, o: cls(
+                interaction_cutoffs=torch.tensor([1.0, 2.0]),
+                rbf_kernel_means=torch.tensor([0.0, 1.0]),
+                rbf_kernel_scaling=torch.tensor([1.0, 1.0]),
+            ),
+            same_width=True,
+        ),
+    ),
+    "CFConv": (Case(lambda cls, i, o: cls(i, 3, 8, o)),),
+    "ChebConv": (Case(_c(k=2)),),
+    "CuGraphGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
+    "CuGraphRelGraphConv": (Case(_c(num_rels=2)),),
+    "CuGraphSAGEConv": (Case(_c()),),
+    "DenseChebConv": (Case(_c(k=2)),),
+    "DenseGraphConv": (Case(_c()),),
+    "DenseSAGEConv": (Case(_c()),),
+    "DGNConv": (Case(_dgl_pna(True)),),
+    "DotGatConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
+    "EdgeConv": (Case(_c()),),
+    "EdgeGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), num_heads=2)),),
+    "EGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), 3, num_heads=2)),),
+    "EGNNConv": (Case(lambda cls, i, o: cls(i, 8, o)),),
+    "GATConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
+    "GatedGCNConv": (Case(lambda cls, i, o: cls(i, 3, o)),),
+    "GatedGraphConv": (Case(lambda cls, i, o: cls(i, i, n_steps=2, n_etypes=1), same_width=True),),
+    "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
+    "GCN2Conv": (Case(lambda cls, i, o: cls(i, layer=1), same_width=True),),
+    "GINConv": (Case(lambda cls, i, o: cls(_mlp(i, o), "sum", learn_eps=True)),),
+    "GINEConv": (Case(lambda cls, i, o: cls(_mlp(i, o))),),
+    "GMMConv": (Case(_c(dim=2, n_kernels=3)),),
+    "EdgeWeightNorm": (Case(_same(), same_width=True),),
+    "GraphConv": (Case(_c()),),
+    "GroupRevRes": (
+        Case(lambda cls, i, o: cls(_dgl("GraphConv")(i // 2, i // 2), groups=2), same_width=True),
+    ),
+    "HGTConv": (Case(lambda cls, i, o: cls(i, _heads(o), 2, num_ntypes=1, num_etypes=1)),),
+    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn.Linear(3, i * o))),),
+    "PNAConv": (Case(_dgl_pna(False)),),
+    "RelGraphConv": (Case(_c(num_rels=2)),),
+    "SAGEConv": (Case(_c(aggregator_type="mean")), Case(_c(aggregator_type="pool"), "pool")),
+    "SGConv": (Case(_c(k=2)),),
+    "TAGConv": (Case(_c(k=2)),),
+    "TWIRLSConv": (Case(lambda cls, i, o: cls(i, o, 8, prop_step=2)),),
+    "TWIRLSUnfoldingAndAttention": (
+        Case(lambda cls, i, o: cls(i, alp=1.0, lam=1.0, prop_step=2), same_width=True),
+    ),
+}
+
+
+# ------------------------------------------------------------------------------ classes
+def pyg_classes() -> dict[str, type]:
+    """Every class ``torch_geometric.nn.conv`` exports (its ``__all__``)."""
+    conv = importlib.import_module("torch_geometric.nn.conv")
+    return {name: getattr(conv, name) for name in conv.__all__}
+
+
+def dgl_classes() -> dict[str, type]:
+    """Every ``nn.Module`` class ``dgl.nn.pytorch.conv`` exposes."""
+    conv = importlib.import_module("dgl.nn.pytorch.conv")
+    return {
+        name: obj
+        for name, obj in vars(conv).items()
+        if inspect.isclass(obj) and issubclass(obj, nn.Module)
+    }
+
+
+CLASSES = {"pyg": pyg_classes, "dgl": dgl_classes}
+CASES = {"pyg": PYG_CASES, "dgl": DGL_CASES}
+
+
+def missing_cases(library: str) -> list[str]:
+    """Classes the library exports that the audit has no constructor arguments for."""
+    return sorted(set(CLASSES[library]()) - set(CASES[library]))
+
+
+def library_version(library: str) -> str:
+    module = importlib.import_module("torch_geometric" if library == "pyg" else "dgl")
+    return str(module.__version__)
+
+
+# ------------------------------------------------------------------------------- models
+class PyGTwoConvs(nn.Module):
+    """``conv2(relu(conv1(inp(x))))``, PyG style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, x, edge_index):
+        h = self.conv1(self.inp(x), edge_index).relu()
+        return self.conv2(h, edge_index)
+
+
+class PyGHistory(nn.Module):
+    """Convs reading the stack of earlier representations ``[N, L, C]`` (DNAConv's use)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, x, edge_index):
+        hist = self.inp(x).relu().unsqueeze(1)
+        h = self.conv1(hist, edge_index).relu()
+        hist = torch.cat([hist, h.unsqueeze(1)], dim=1)
+        return self.conv2(hist, edge_index)
+
+
+class DGLTwoConvs(nn.Module):
+    """``conv2(g, relu(conv1(g, inp(x))))``, DGL style; heads are flattened."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, g, x):
+        h = self.conv1(g, self.inp(x)).flatten(1).relu()
+        return self.conv2(g, h).flatten(1)
+
+
+def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module:
+    """Two convs of ``case`` in the library's model, seeded, in eval mode."""
+    torch.manual_seed(seed)
+    if case.same_width:
+        inp, d1, d2, d3 = nn.Linear(D_IN, HIDDEN), HIDDEN, HIDDEN, HIDDEN
+    else:
+        inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
+    conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
+    wrapper = PyGHistory if case.history else PyGTwoConvs
+    if library == "dgl":
+        wrapper = DGLTwoConvs
+    return wrapper(conv1, conv2, inp).eval()
+
+
+# -------------------------------------------------------------------------------- audit
+def audit_graph(library: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edge_index, x)``: self-loops, duplicate edges and (PyG) an isolated last node.
+
+    DGL's graph has a self-loop on every node, as DGL users add them: most DGL convs
+    refuse zero-in-degree nodes (``allow_zero_in_degree=False``, covered elsewhere).
+    """
+    edge_index = random_edge_index(NUM_NODES, NUM_EDGES, seed=5)
+    if library == "dgl":
+        loops = torch.arange(NUM_NODES).repeat(2, 1)
+        edge_index = torch.cat([edge_index, loops], dim=1)
+    x = torch.randn(NUM_NODES, D_IN, generator=torch.Generator().manual_seed(6))
+    return edge_index, x
+
+
+def _full_graph(library: str, edge_index: torch.Tensor) -> object:
+    if library == "dgl":
+        import dgl
+
+        return dgl.graph((edge_index[0], edge_index[1]), num_nodes=NUM_NODES)
+    return edge_index
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
+    """Build, load and (unless refused) compare one case; never raises."""
+    from hopserve import GraphStore
+    from hopserve.worker.convs.base import UnsupportedConvError
+    from hopserve.worker.convs.registry import support_matrix
+    from hopserve.worker.engine.factory import make_evaluator
+    from hopserve.worker.trace.tracer import ModelTraceError
+
+    label = f"{name} ({case.variant})" if case.variant else name
+
+    def row(status: str, reason: str) -> Row:
+        return Row(library, name, case.variant, status, _one_line(reason))
+
+    try:
+        model = build_model(library, cls, case)
+    except ImportError as err:  # a class that needs another library (cugraph-ops, pyg-lib)
+        return _unbuildable(library, name, case.variant, err)
+    except Exception as err:  # noqa: BLE001 - the table's arguments are wrong: report it
+        return row("crash", f"cannot build with the audit's arguments: {type(err).__name__}: {err}")
+    edge_index, x = audit_graph(library)
+    store = GraphStore.from_edge_index(edge_index, x)
+    try:
+        ev = make_evaluator(
+            model,
+            store,
+            fallback="error",
+            init_batch_nodes=BATCH_NODES,
+            prefetch=False,
+            progress=False,
+        )
+    except ModelTraceError as err:
+        cause = err.__cause__
+        if isinstance(cause, UnsupportedConvError):
+            return row("refused", cause.reason)
+        if cause is None:  # the self-check: the matrix let through a conv that is not exact
+            return row("wrong", f"refused outside the support matrix: {err}")
+        return row("crash", f"refusal wraps {type(cause).__name__}: {err}")
+    except Exception as err:  # noqa: BLE001 - the audit reports every crash
+        return row("crash", f"{type(err).__name__}: {err}")
+    key = f"dgl.{name}" if library == "dgl" else name
+    status, note = support_matrix().get(key, ("exact", "registered"))
+    try:
+        with torch.no_grad():
+            want = (
+                model(_full_graph(library, edge_index), x)
+                if library == "dgl"
+                else model(x, edge_index)
+            )
+        targets = torch.tensor(TARGETS)
+        assert_exact(ev.evaluate(), want, f"{label} full")
+        assert_exact(ev.evaluate(targets=targets), want[targets], f"{label} partial")
+    except AssertionError as err:
+        return row("wrong", str(err))
+    except Exception as err:  # noqa: BLE001
+        return row("crash", f"{type(err).__name__}: {err}")
+    finally:
+        ev.close()
+    return row(status, note)
+
+
+def _unbuildable(library: str, name: str, variant: str, err: Exception) -> Row:
+    """A class that cannot be built here: its support-matrix row, which must refuse it."""
+    from hopserve.worker.convs.registry import support_matrix
+
+    key = f"dgl.{name}" if library == "dgl" else name
+    status, note = support_matrix().get(key, ("", ""))
+    if status != "refused":
+        reason = _one_line(f"cannot build ({err}) and not refused")
+        return Row(library, name, variant, "crash", reason)
+    why = str(err).split(". ")[0].rstrip(".")  # the first sentence, not install advice
+    return Row(library, name, variant, "refused", _one_line(f"{note} (not built here: {why})"))
+
+
+def run_audit(library: str, names: Iterable[str] | None = None) -> list[Row]:
+    """Audit every case of ``library``'s classes (or of ``names``), sorted by class name."""
+    classes = CLASSES[library]()
+    cases = CASES[library]
+    rows = []
+    for name in sorted(names if names is not None else classes, key=str.lower):
+        for case in cases.get(name, ()):
+            rows.append(audit_case(library, name, classes[name], case))
+    return rows
+
+
+# ------------------------------------------------------------------------------ render
+TITLES = {
+    "pyg": "PyTorch Geometric (`torch_geometric.nn.conv`)",
+    "dgl": "DGL (`dgl.nn.pytorch.conv`)",
+}
+
+
+def counts(rows: Iterable[Row]) -> dict[str, int]:
+    out = {"exact": 0, "adapted": 0, "refused": 0}
+    for r in rows:
+        out[r.status] = out.get(r.status, 0) + 1
+    return out
+
+
+def _more(n: int) -> str:
+    return "1 more row builds" if n == 1 else f"{n} more rows build"
+
+
+def section_markers(library: str) -> tuple[str, str]:
+    return f"<!-- audit:{library}:begin -->", f"<!-- audit:{library}:end -->"
+
+
+def render_section(library: str, rows: list[Row], version: str) -> str:
+    """The generated Markdown of one library, between its markers (no trailing newline)."""
+    begin, end = section_markers(library)
+    typical = [r for r in rows if not r.variant]
+    c = counts(typical)
+    lines = [
+        begin,
+        f"## {TITLES[library]}, version {version}",
+        "",
+        f"{len(typical)} conv classes, built with typical arguments: {c['exact']} exact, "
+        f"{c['adapted']} adapted (exact through a dedicated adapter), {c['refused']} "
+        f"refused. {_more(len(rows) - len(typical))} a class with arguments that change "
+        "the answer (in parentheses).",
+        "",
+        "| conv | status | how it runs exactly / why it is refused |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        variant = f" ({r.variant})" if r.variant else ""
+        lines.append(f"| `{r.conv}`{variant} | {r.status} | {r.reason.replace('|', '/')} |")
+    lines.append(end)
+    return "\n".join(lines)
+
+
+def extract_section(text: str, library: str) -> str | None:
+    """The committed section of ``library`` in ``text`` (markers included), or ``None``."""
+    begin, end = section_markers(library)
+    start = text.find(begin)
+    stop = text.find(end)
+    if start < 0 or stop < start:
+        return None
+    return text[start : stop + len(end)]
+
+
+def replace_section(text: str, library: str, section: str) -> str:
+    """``text`` with ``library``'s section replaced by ``section`` (appended if absent)."""
+    old = extract_section(text, library)
+    if old is None:
+        return text.rstrip("\n") + "\n\n" + section + "\n"
+    return text.replace(old, section)
