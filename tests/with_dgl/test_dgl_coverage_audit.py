@@ -79,6 +79,16 @@ def test_committed_matrix_is_up_to_date(rows):
     )
 
 
+def test_readme_summary_counts_are_the_audit_s(rows):
+    c = audit.counts(r for r in rows if not r.variant)
+    readme = (MATRIX.parents[1] / "README.md").read_text()
+    summary = f"DGL: {c['exact']} exact, {c['adapted']} adapted"
+    assert summary in readme and f"{c['refused']} refused" in readme, (
+        f"README's Support matrix section should say '{summary} (...), {c['refused']} "
+        "refused', as docs/support_matrix.md does"
+    )
+
+
 def test_audit_catches_an_adapter_that_is_not_exact(monkeypatch):
     """PNAConv on a plain block normalizes by the block's node count, not the graph's:
     not exact, and the audit must say so."""
@@ -89,3 +99,16 @@ def test_audit_catches_an_adapter_that_is_not_exact(monkeypatch):
     monkeypatch.setitem(registry._MATRIX, pna, registry.ConvSupport("exact", _block, "naive"))
     (row,) = audit.run_audit("dgl", ["PNAConv"])
     assert row.status in ("wrong", "crash"), row
+
+
+def test_pna_many_batches_and_sampled(medium_graph):
+    """PNAConv's 1/sqrt(N) is the whole graph's in every batch (and in G_l, same N);
+    its degree scalers follow the sampled in-degrees."""
+    from support.dgl_models import DGL
+    from support.exactness import check_medium_graph
+    from support.sampling import check_medium_graph as check_medium_sampled
+
+    cls = audit.dgl_classes()["PNAConv"]
+    model = audit.build_model("dgl", cls, audit.DGL_CASES["PNAConv"][0], seed=3)
+    check_medium_graph(DGL, model, medium_graph, "PNAConv")
+    check_medium_sampled(DGL, model, medium_graph, [([3, 2], 7)], "PNAConv")

@@ -102,6 +102,16 @@ def test_committed_matrix_is_up_to_date(rows):
     )
 
 
+def test_readme_summary_counts_are_the_audit_s(rows):
+    c = audit.counts(r for r in rows if not r.variant)
+    readme = (MATRIX.parents[1] / "README.md").read_text()
+    summary = f"PyG: {c['exact']} exact, {c['adapted']} adapted"
+    assert summary in readme and f"{c['refused']} refused" in readme, (
+        f"README's Support matrix section should say '{summary} (...), {c['refused']} "
+        "refused', as docs/support_matrix.md does"
+    )
+
+
 def test_audit_catches_an_adapter_that_is_not_exact(monkeypatch):
     """LGConv run as a plain square conv normalizes by the batch's degrees: not exact,
     and the audit must say so (refused by the self-check counts as wrong too)."""
