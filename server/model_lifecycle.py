@@ -135,7 +135,7 @@ class ModelLifecycle:
         """A ``LoadModel`` config entry, validated, its paths checked (INVALID_ARGUMENT)."""
         try:
             cfg = parse_model_entry(text, self.base, source="config")
-            cfg.validate_paths()
+            cfg.validate_paths("config")
         except ConfigError as err:
             raise InvalidRequestError(str(err)) from None
         return cfg

@@ -46,7 +46,18 @@ def _root(
 
 
 # Command modules register themselves on `app` when imported.
-from hopserve.cli import demo, embed, graph, loadtest, query, security, serve, worker  # noqa: E402,F401
+from hopserve.cli import (  # noqa: E402,F401
+    demo,
+    embed,
+    graph,
+    loadtest,
+    models,
+    query,
+    security,
+    serve,
+    update,
+    worker,
+)
 
 
 def main() -> None:

@@ -12,7 +12,9 @@ and Prometheus metrics on ``server.metrics_port``, with an embedded in-process w
 (``server.workers`` empty) or remote workers. Says "serving" once every model is ready;
 runs until SIGINT or SIGTERM, then shuts down gracefully (``server.grace_period_s`` for
 in-flight requests); SIGHUP re-reads the token file (certificates are re-read when their
-files change). ``--check`` also prints the security posture of each port. A bad configuration exits with code 2 and one ``error: ...`` line;
+files change) and the config file's ``models:``: new and changed versions are loaded and
+self-checked beside the served ones, defaults switched, removed versions drained and
+unloaded (a file that does not validate changes nothing; other sections need a restart). ``--check`` also prints the security posture of each port. A bad configuration exits with code 2 and one ``error: ...`` line;
 so do models that cannot be loaded, one line each (``-v`` for the full reasons).
 """
 
@@ -22,6 +24,7 @@ import asyncio
 import importlib.util
 import logging
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -66,7 +69,7 @@ def serve_cmd(
     cfg = load_cli_config(config, port=port, metrics_port=metrics_port, local_workers=workers)
     if check:
         raise typer.Exit(code=_check(cfg))
-    code = asyncio.run(_serve(cfg))
+    code = asyncio.run(_serve(cfg, config))
     common.shut_down = True
     if code:
         raise typer.Exit(code=code)
@@ -121,7 +124,7 @@ def _check(cfg) -> int:  # noqa: ANN001 - HopserveConfig
     return 2 if report_model_failures(failures) else 0
 
 
-async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
+async def _serve(cfg, path: Path | None = None) -> int:  # noqa: ANN001 - HopserveConfig
     """Run until a signal; the exit code (2 when a model failed to load)."""
     from hopserve.config import ConfigError
     from hopserve.server.app import build_server
@@ -135,7 +138,8 @@ async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, sig, stop)
-    loop.add_signal_handler(signal.SIGHUP, service.reload_credentials)
+    reloads = _Reloads(service, path)
+    loop.add_signal_handler(signal.SIGHUP, reloads.hangup)
     code = 0
     ready = asyncio.ensure_future(service.wait_ready())
     halted = asyncio.ensure_future(stop.wait())
@@ -158,6 +162,42 @@ async def _serve(cfg) -> int:  # noqa: ANN001 - HopserveConfig, imported lazily
     halted.cancel()
     await service.stop()
     return code
+
+
+class _Reloads:
+    """SIGHUP: the token file now, then the config file's models (one reload at a time)."""
+
+    def __init__(self, service: object, path: Path | None) -> None:
+        self.service, self.path = service, path
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def hangup(self) -> None:
+        self.service.reload_credentials()  # type: ignore[attr-defined]
+        if self.path is not None:
+            task = asyncio.get_running_loop().create_task(self._models())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _models(self) -> None:
+        from hopserve.config import ConfigError, load_config
+
+        async with self._lock:
+            log.info("SIGHUP: reloading the models of %s", self.path)
+            try:
+                cfg = await asyncio.to_thread(load_config, self.path)
+                cfg.validate_paths()
+            except ConfigError as err:
+                log.error("SIGHUP: %s not reloaded, nothing changed: %s", self.path, err)
+                return
+            problems = await self.service.reload_models(cfg)  # type: ignore[attr-defined]
+            names = ", ".join(
+                f"{m.name}:{m.version} ({m.state})"
+                for m in self.service.models  # type: ignore[attr-defined]
+            )
+            if problems:
+                log.error("SIGHUP: %d step(s) failed: %s", len(problems), "; ".join(problems))
+            log.info("SIGHUP: serving [%s]", names)
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:

@@ -118,13 +118,14 @@ class ModelConfig(_Section):
             return str(value)
         return value
 
-    def validate_paths(self) -> None:
+    def validate_paths(self, where: str | None = None) -> None:
         """Check that ``weights`` is an existing file and ``graph`` an existing directory.
 
         Raises:
-            ConfigError: naming the field and the path for every missing one.
+            ConfigError: naming the field (as ``<where>.<field>``, by default
+                ``model '<name>'``) and the path for every missing one.
         """
-        problems = self._path_problems(f"model {self.name!r}")
+        problems = self._path_problems(where or f"model {self.name!r}")
         if problems:
             raise ConfigError(problems)
 

@@ -171,7 +171,9 @@ def test_lifecycle_errors_name_the_bad_value(server: ServiceThread, versions: Ve
             admin.load_model(versions.entry("2", version="4", bogus=1))
         with pytest.raises(InvalidArgumentError, match="YAML syntax error"):
             admin.load_model("name: [x\n")
-        with pytest.raises(InvalidArgumentError, match=r"weights: file not found"):
+        with pytest.raises(
+            InvalidArgumentError, match=r"config.weights: file not found .got '/nope/w.pt'."
+        ):
             admin.load_model(versions.entry("2", version="4", weights="/nope/w.pt"))
         other = versions.root / "other-graph"
         other.mkdir(exist_ok=True)

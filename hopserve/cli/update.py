@@ -1,0 +1,263 @@
+"""``hopserve update`` and ``hopserve compact``: change the graph a running server serves.
+
+::
+
+    hopserve update -t localhost:50051 -m sage --nodes new.csv --edges new-edges.csv
+    hopserve update -t localhost:50051 -m sage --remove-edges gone.csv --idempotency-key b7
+    hopserve update -t localhost:50051 -m sage --features changed.ndjson
+    hopserve compact -t localhost:50051 -m sage
+
+One call applies every file given as one atomic batch (new nodes, removed edges, new
+edges, new feature rows, in that order), durable before it answers. File formats, by
+extension (``.ndjson``/``.jsonl``, else CSV):
+
+* nodes and features: CSV ``id,f0,f1,...`` (a header row is optional; the first column
+  is the external node ID, the others its features), or NDJSON
+  ``{"id": 7, "features": [0.1, 0.2]}`` per line;
+* edges: CSV ``src,dst`` (optional header), or NDJSON ``{"src": 7, "dst": 9}``.
+
+Empty lines and lines starting with ``#`` are skipped. A bad line is refused before
+anything is sent, naming the file, line and value. Needs a token with scope ``admin``.
+Exit status: 0 on success, 1 when the server refuses or fails, 2 on a bad command line
+or file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from hopserve.cli import app
+from hopserve.cli.common import fail
+from hopserve.cli.connect import (
+    ClientCert,
+    ClientKey,
+    RootCerts,
+    Tls,
+    Token,
+    TokenFile,
+    client_options,
+)
+from hopserve.client import AdminClient, HopserveError
+
+__all__ = ["InputFileError", "read_edges", "read_node_rows"]
+
+
+class InputFileError(ValueError):
+    """A nodes, features or edges file that cannot be read; names the file and line."""
+
+
+_File = {"exists": True, "dir_okay": False}
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """Non-empty, non-comment lines with their 1-based numbers."""
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputFileError(f"{path}: cannot read ({err})") from None
+    return [
+        (n, line)
+        for n, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def _ndjson(path: Path) -> bool:
+    return path.suffix.lower() in (".ndjson", ".jsonl")
+
+
+def _int(path: Path, line: int, what: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise InputFileError(f"{path}:{line}: {what} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InputFileError(f"{path}:{line}: {what} must be an integer, got {value!r}") from None
+
+
+def _float(path: Path, line: int, column: int, value: Any) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise InputFileError(
+            f"{path}:{line}: feature {column} must be a finite number, got {value!r}"
+        )
+    return number
+
+
+def _records(path: Path) -> list[tuple[int, Any]]:
+    """``(line, value)``: JSON objects of an NDJSON file, or CSV rows (header dropped)."""
+    lines = _lines(path)
+    if _ndjson(path):
+        out = []
+        for n, line in lines:
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise InputFileError(f"{path}:{n}: not JSON ({err.msg})") from None
+        return out
+    rows = [(n, [c.strip() for c in next(csv.reader([line]))]) for n, line in lines]
+    if rows and rows[0][1] and not _is_number(rows[0][1][0]):
+        rows = rows[1:]  # a header
+    return rows
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_node_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids int64 [n], features float32 [n, dim])`` of a nodes/features file.
+
+    Raises:
+        InputFileError: an unreadable file, a bad line (named), rows of unequal
+            width, or no rows.
+    """
+    ids: list[int] = []
+    rows: list[list[float]] = []
+    for n, record in _records(path):
+        if _ndjson(path):
+            if not isinstance(record, dict) or "id" not in record or "features" not in record:
+                raise InputFileError(
+                    f'{path}:{n}: expected {{"id": ..., "features": [...]}}, got {record!r:.80}'
+                )
+            node, values = record["id"], record["features"]
+            if not isinstance(values, list):
+                raise InputFileError(f"{path}:{n}: features must be a list, got {values!r:.80}")
+        else:
+            node, values = record[0], record[1:]
+        ids.append(_int(path, n, "the node id", node))
+        rows.append([_float(path, n, k, v) for k, v in enumerate(values)])
+        if not rows[-1]:
+            raise InputFileError(f"{path}:{n}: node {ids[-1]} has no features")
+        if len(rows[-1]) != len(rows[0]):
+            raise InputFileError(
+                f"{path}:{n}: node {ids[-1]} has {len(rows[-1])} features, the first row "
+                f"{len(rows[0])}"
+            )
+    if not ids:
+        raise InputFileError(f"{path}: no nodes")
+    return np.asarray(ids, dtype=np.int64), np.asarray(rows, dtype=np.float32)
+
+
+def read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)`` int64 arrays of an edges file.
+
+    Raises:
+        InputFileError: an unreadable file, a bad line (named), or no edges.
+    """
+    src: list[int] = []
+    dst: list[int] = []
+    for n, record in _records(path):
+        if _ndjson(path):
+            if not isinstance(record, dict) or "src" not in record or "dst" not in record:
+                raise InputFileError(
+                    f'{path}:{n}: expected {{"src": ..., "dst": ...}}, got {record!r:.80}'
+                )
+            a, b = record["src"], record["dst"]
+        else:
+            if len(record) != 2:
+                raise InputFileError(f"{path}:{n}: expected 2 columns src,dst, got {len(record)}")
+            a, b = record
+        src.append(_int(path, n, "src", a))
+        dst.append(_int(path, n, "dst", b))
+    if not src:
+        raise InputFileError(f"{path}: no edges")
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+Target = Annotated[str, typer.Option("--target", "-t", help="Server address, HOST:PORT.")]
+Model = Annotated[str, typer.Option("--model", "-m", help="A model served on the graph.")]
+
+
+@app.command("update")
+def update_cmd(
+    model: Model,
+    nodes: Annotated[
+        Path | None, typer.Option("--nodes", **_File, help="New nodes: CSV id,f0,... or NDJSON.")
+    ] = None,
+    edges: Annotated[
+        Path | None, typer.Option("--edges", **_File, help="Edges to add: CSV src,dst or NDJSON.")
+    ] = None,
+    remove_edges: Annotated[
+        Path | None,
+        typer.Option("--remove-edges", **_File, help="Edges to remove (every copy)."),
+    ] = None,
+    features: Annotated[
+        Path | None,
+        typer.Option("--features", **_File, help="New feature rows of existing nodes."),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Makes a retry of this batch safe."),
+    ] = None,
+    target: Target = "localhost:50051",
+    timeout: Annotated[float, typer.Option("--timeout", help="Call deadline, seconds.")] = 60.0,
+    tls: Tls = False,
+    root_certs: RootCerts = None,
+    client_cert: ClientCert = None,
+    client_key: ClientKey = None,
+    token: Token = None,
+    token_file: TokenFile = None,
+) -> None:
+    """Apply one atomic batch of graph changes (prints the outcome as JSON)."""
+    if not any((nodes, edges, remove_edges, features)):
+        fail("give at least one of --nodes, --edges, --remove-edges, --features")
+    try:
+        batch = {
+            "add_nodes": read_node_rows(nodes) if nodes else None,
+            "add_edges": read_edges(edges) if edges else None,
+            "remove_edges": read_edges(remove_edges) if remove_edges else None,
+            "set_features": read_node_rows(features) if features else None,
+        }
+    except InputFileError as err:
+        fail(str(err))
+    options = client_options(tls, root_certs, client_cert, client_key, token, token_file)
+    try:
+        with AdminClient(target, timeout=timeout, **options) as admin:
+            result = admin.update_graph(model, idempotency_key=idempotency_key, **batch)
+    except HopserveError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(dataclasses.asdict(result)))
+
+
+@app.command("compact")
+def compact_cmd(
+    model: Model,
+    target: Target = "localhost:50051",
+    timeout: Annotated[float, typer.Option("--timeout", help="Call deadline, seconds.")] = 60.0,
+    tls: Tls = False,
+    root_certs: RootCerts = None,
+    client_cert: ClientCert = None,
+    client_key: ClientKey = None,
+    token: Token = None,
+    token_file: TokenFile = None,
+) -> None:
+    """Fold the update log of the model's graph into a new base store (prints its state)."""
+    options = client_options(tls, root_certs, client_cert, client_key, token, token_file)
+    try:
+        with AdminClient(target, timeout=timeout, **options) as admin:
+            info = admin.compact_graph(model)
+    except HopserveError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(dataclasses.asdict(info)))
