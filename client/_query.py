@@ -58,6 +58,7 @@ class Query:
         self._timing = dict.fromkeys(TIMING_STAGES, 0.0)
         self._layers: list[float] = []
         self._cache_hits = 0
+        self._graph_seq = 0
 
     @property
     def n(self) -> int:
@@ -94,6 +95,7 @@ class Query:
             self._out = np.empty((self.n, resp.dim), dtype=np.float32)
         self._out[self._start : self._stop] = block
         self._add_stats(resp.timing if resp.HasField("timing") else None, resp.cache_hits)
+        self._graph_seq = max(self._graph_seq, int(resp.graph_seq))
         self.done = self._stop
 
     def result(self) -> EmbeddingResult:
@@ -108,6 +110,7 @@ class Query:
             timing=dict(self._timing),
             layer_compute=tuple(self._layers),
             cache_hits=self._cache_hits,
+            graph_seq=self._graph_seq,
         )
 
     # -- streaming --------------------------------------------------------------------

@@ -89,6 +89,8 @@ class EmbeddingResult:
         timing: Server seconds per stage, keyed by :data:`TIMING_STAGES`.
         layer_compute: Server compute seconds per layer (layer 1 first); may be empty.
         cache_hits: Rows served from the embedding cache.
+        graph_seq: Graph sequence the rows are exact for (updates on top of
+            ``graph_version``; the highest over the RPCs of a split request).
     """
 
     embeddings: np.ndarray
@@ -98,3 +100,4 @@ class EmbeddingResult:
     timing: dict[str, float] = field(default_factory=dict)
     layer_compute: tuple[float, ...] = ()
     cache_hits: int = 0
+    graph_seq: int = 0

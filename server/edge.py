@@ -342,12 +342,13 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         if query.read_cache:
             start = time.perf_counter()
             external = query.ids[piece][first]  # the cache is keyed by external ID
-            min_seq = None
+            min_seq = max_seq = None
             if live is not None:  # rows older than their node's last change are misses
                 kind = model_kind(model)
                 live.track(kind)
+                max_seq = live.seq
                 min_seq = live.stale_since(kind, uniq)
-            hit, cached = await self.cache.get_many(query.namespace, external, min_seq)
+            hit, cached = await self.cache.get_many(query.namespace, external, min_seq, max_seq)
             seconds = time.perf_counter() - start
             times.cache_lookup += seconds
             self.metrics.observe_stage(model.name, "cache_lookup", seconds)

@@ -125,7 +125,11 @@ class EmbeddingCache(abc.ABC):
         self._observer = observer
 
     async def get_many(
-        self, namespace: CacheNamespace, node_ids: np.ndarray, min_seq: np.ndarray | None = None
+        self,
+        namespace: CacheNamespace,
+        node_ids: np.ndarray,
+        min_seq: np.ndarray | None = None,
+        max_seq: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Look up the rows of ``node_ids`` (int array, shape ``[N]``).
 
@@ -133,6 +137,8 @@ class EmbeddingCache(abc.ABC):
             min_seq: Per id, the oldest graph sequence a row may have been computed at
                 (a living graph's stale-since sequence); an older row is a miss
                 (counted in ``stats.stale``). ``None``: any.
+            max_seq: The graph's current sequence: a row claiming a later one belongs to
+                another history and is a miss too.
 
         Returns:
             ``(hit_mask, rows)``: bool ``[N]`` and float32 ``[N, namespace.dim]``; rows of
@@ -142,8 +148,11 @@ class EmbeddingCache(abc.ABC):
         if ids.size == 0:
             return np.zeros(0, dtype=bool), np.zeros((0, namespace.dim), dtype=np.float32)
         mask, rows, seqs = await self._get(namespace, ids)
-        if min_seq is not None:
-            stale = mask & (seqs < np.asarray(min_seq, dtype=np.int64))
+        if min_seq is not None or max_seq is not None:
+            low = np.int64(-1) if min_seq is None else np.asarray(min_seq, dtype=np.int64)
+            stale = mask & (seqs < low)
+            if max_seq is not None:
+                stale |= mask & (seqs > max_seq)
             if stale.any():
                 self.stats.stale += int(stale.sum())
                 mask = mask & ~stale

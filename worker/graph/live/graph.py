@@ -5,6 +5,7 @@
     <graph>/                  the base store as built (never modified)
     <graph>/updates/log       the update log (log.py): every acknowledged batch
     <graph>/updates/BASE      {"dir", "seq"}: the compacted base in use, if any
+    <graph>/updates/LINEAGE   the lineage version (content hash + a token per folder)
     <graph>/updates/base-<seq>/   a compacted base store (sequence <seq> folded in)
 
 ``apply(batch)``: check it whole (``mutations.resolve``), append it to the log and fsync,
@@ -28,6 +29,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 UPDATES_DIR = "updates"
 LOG_FILE = "log"
 BASE_FILE = "BASE"
+LINEAGE_FILE = "LINEAGE"
 KEYS_REMEMBERED = 100_000  # idempotency keys kept in memory (those in the log are kept too)
 
 ModelKind = tuple[int, bool]
@@ -143,11 +146,10 @@ class LiveGraph:
         """Open the base in use (compacted or original) and replay the log on top."""
         base_dir, base_seq = self.path, 0
         pointer = self.updates_dir / BASE_FILE
-        lineage = GraphTopology.open(self.path).version
+        lineage = self._lineage(GraphTopology.open(self.path).version)
         if pointer.is_file():
             info = json.loads(pointer.read_text())
             base_dir, base_seq = self.updates_dir / info["dir"], int(info["seq"])
-            lineage = info.get("lineage", lineage)
         topo = GraphTopology.open(base_dir)
         self.lineage_version = lineage
         self.base_dir, self.base_seq = base_dir, base_seq
@@ -164,6 +166,36 @@ class LiveGraph:
         self._replay(self.log.last_seq or base_seq)
         for kind in list(self._stale):  # reopened: nothing cached before is trusted
             self._stale[kind] = np.full(self.snapshot.num_nodes, self.seq, np.int64)
+
+    def _lineage(self, content_version: str) -> str:
+        """The version naming this graph's history in cache keys and jobs.
+
+        ``"{content hash}.{random token}"``, the token created once per folder (in
+        ``updates/LINEAGE``, exclusively: every process of the service reads the same), so
+        two folders built from the same data that then take different updates never share
+        cached rows. A folder that cannot be written (it takes no updates) keeps the
+        content hash.
+        """
+        path = self.updates_dir / LINEAGE_FILE
+        if not path.is_file():
+            try:
+                self.updates_dir.mkdir(exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                pass
+            except OSError:
+                return content_version
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{content_version}.{uuid.uuid4().hex[:12]}\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        for _ in range(100):  # another process may be writing it this instant
+            text = path.read_text().strip()
+            if text:
+                return text
+            time.sleep(0.01)
+        raise RuntimeError(f"{path}: empty")
 
     def _replay(self, upto: int) -> None:
         for seq, payload in self.log.read(self.snapshot.seq, upto):
@@ -226,9 +258,10 @@ class LiveGraph:
             resolved = resolve(batch, self.snapshot, self.seq + 1)
             if batch.empty:
                 raise InvalidUpdateError("the batch holds no mutation")
+            nxt = apply_batch(self.snapshot, resolved)  # a failure here writes nothing
             self.log.append(resolved.seq, encode(resolved))
             with self._lock.write():
-                self._apply_resolved(resolved)
+                self._apply_resolved(resolved, nxt)
             invalidated = self._invalidate(resolved)
             result = _result_of(resolved, self.snapshot, invalidated)
             result = _replace(result, apply_s=time.perf_counter() - start)
@@ -236,9 +269,9 @@ class LiveGraph:
                 self._remember(resolved.idempotency_key, result)
             return result
 
-    def _apply_resolved(self, batch: ResolvedBatch) -> None:
+    def _apply_resolved(self, batch: ResolvedBatch, nxt: GraphSnapshot | None = None) -> None:
         """Next snapshot and features (caller holds the write lock, or is opening)."""
-        self.snapshot = apply_batch(self.snapshot, batch)
+        self.snapshot = apply_batch(self.snapshot, batch) if nxt is None else nxt
         if self.with_features:
             self._write_features(batch)
         self._stores.clear()
@@ -403,7 +436,7 @@ class LiveGraph:
                 flags=snap.meta.flags,
             )
             write_contents(target, contents, overwrite=True, progress=progress)
-            info = {"dir": name, "seq": snap.seq, "lineage": self.lineage_version}
+            info = {"dir": name, "seq": snap.seq}
             tmp = self.updates_dir / (BASE_FILE + ".tmp")
             with open(tmp, "w") as f:
                 f.write(json.dumps(info) + "\n")

@@ -186,6 +186,9 @@ def splice_csc(
     n_before = indptr.size - 1
     dtype = indices_dtype_for(n_after)
     rows = np.unique(np.concatenate([remove_rows, add_rows]).astype(np.int64))
+    if rows.size == 0:  # no edge changes: new rows are empty
+        new_indptr = np.concatenate([indptr, np.full(n_after - n_before, indptr[-1])])
+        return new_indptr, indices.astype(dtype, copy=False), np.empty(0, dtype=np.int64)
     old_rows = rows[rows < n_before]
     pos, counts = segment_positions(indptr, old_rows)
     seg_rows = np.repeat(old_rows, counts)
