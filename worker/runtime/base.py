@@ -48,6 +48,7 @@ from hopserve.rpc import clip, quote
 from hopserve.worker.graph.live import GraphSeqError, open_live
 from hopserve.worker.loader import ModelLoadError, load_model
 from hopserve.worker.runtime.degrees import degree_normalized
+from hopserve.worker.runtime.fx_guard import FX_GUARD
 from hopserve.worker.runtime.job_checks import (
     check_deadline,
     check_graph_version,
@@ -246,19 +247,22 @@ class Worker(abc.ABC):
         self._ensure_device()
         settings = engine.settings().kwargs() if engine is not None else {}
         try:
-            evaluator = make_evaluator(
-                model,
-                graph,
-                self.device,
-                fallback=fallback,
-                hops=hops,
-                progress=False,
-                **settings,
-            )
+            with FX_GUARD.tracing():  # fx patches the process: no model runs meanwhile
+                evaluator = make_evaluator(
+                    model,
+                    graph,
+                    self.device,
+                    fallback=fallback,
+                    hops=hops,
+                    progress=False,
+                    **settings,
+                )
         except (ModelTraceError, ValueError) as err:
             raise ModelLoadError(f"model {name!r} version {version!r}: {err}") from None
         text = f"{description} ({evaluator.mode})\n{evaluator.describe()}".strip()
-        entry = LoadedModel(name, str(version), evaluator, graph, _output_dim(evaluator), text)
+        with FX_GUARD.running():
+            dim = _output_dim(evaluator)
+        entry = LoadedModel(name, str(version), evaluator, graph, dim, text)
         with self._state:
             old = self._models.get((name, entry.version))
             self._models[(name, entry.version)] = entry
@@ -383,7 +387,8 @@ class Worker(abc.ABC):
         from hopserve.worker.engine.batch import FrontierError
 
         try:
-            return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
+            with FX_GUARD.running():  # never while another model is traced (hot loads)
+                return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
         except FrontierError as err:
             raise InvalidJobError(
                 f"job {clip(job.job_id)}: inconsistent frontiers: {err}"
