@@ -408,7 +408,9 @@ async def build_server(config: HopserveConfig) -> Service:
     add_service(server, edge, embedding_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
                 on_undecodable=edge.reject_undecodable, gate=gate)  # fmt: skip
     lifecycle = ModelLifecycle(config, models, edge, workers)
-    admin = AdminService(lifecycle, metrics, GraphAdmin(models, metrics))
+    edge.invalidation = config.cache.invalidation
+    edge.refresh_hot_rows = config.cache.refresh_hot_rows
+    admin = AdminService(lifecycle, metrics, GraphAdmin(models, metrics, edge=edge))
     add_service(server, admin, ADMIN_SERVICE, gate=gate)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -113,6 +114,9 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.max_chunk_bytes = MAX_CHUNK_BYTES  # embedding bytes per streamed chunk
+        self.invalidation = "exact"  # cache.invalidation: "exact" or "flush"
+        self.refresh_hot_rows = 0  # cache.refresh_hot_rows
+        self._hot: dict[tuple[str, str], HotRows] = {}
 
     # ------------------------------------------------------------------ RPCs
 
@@ -347,7 +351,11 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
                 kind = model_kind(model)
                 live.track(kind)
                 max_seq = live.seq
-                min_seq = live.stale_since(kind, uniq)
+                if self.invalidation == "flush":  # the baseline: any update flushes all
+                    min_seq = np.full(uniq.shape, live.seq, dtype=np.int64)
+                else:
+                    min_seq = live.stale_since(kind, uniq)
+                self._hot_rows(model).note(uniq)
             hit, cached = await self.cache.get_many(query.namespace, external, min_seq, max_seq)
             seconds = time.perf_counter() - start
             times.cache_lookup += seconds
@@ -388,6 +396,41 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         task = asyncio.get_running_loop().create_task(write())
         self._writebacks.add(task)
         task.add_done_callback(self._writebacks.discard)
+
+    # ------------------------------------------------------------------ refresh
+
+    def _hot_rows(self, model: ServedModel) -> HotRows:
+        hot = self._hot.get((model.name, model.version))
+        if hot is None:
+            hot = self._hot[(model.name, model.version)] = HotRows(4 * self.refresh_hot_rows)
+        return hot
+
+    def refresh(self, model: ServedModel, affected: np.ndarray) -> int:
+        """Recompute, in the background, the recently requested rows among ``affected``
+        (storage ids an update invalidated) and write them back, so their next lookup is
+        a hit again (exact: computed at the new sequence). Returns how many."""
+        if not self.refresh_hot_rows or self._closing or not model.ready:
+            return 0
+        ids = self._hot_rows(model).among(affected)[: self.refresh_hot_rows]
+        if ids.size == 0:
+            return 0
+        namespace = CacheNamespace(model.name, model.version, model.graph_version, model.dim)
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                pipeline = self.pipeline(model)
+                deadline = loop.time() + self.config.default_deadline_s
+                reply = await pipeline.batcher.submit(ids, BatchKey(), deadline)
+                external = model.topology.to_external(ids)
+                await self.cache.put_many(namespace, external, reply.rows, reply.graph_seq)
+            except Exception as err:  # best effort: a miss later recomputes the row
+                logger.debug("refresh of %d rows of %r failed: %s", ids.size, model.name, err)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._writebacks.add(task)
+        task.add_done_callback(self._writebacks.discard)
+        return int(ids.size)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -474,6 +517,31 @@ def _to_storage(model: ServedModel, ids: np.ndarray) -> np.ndarray:
             f"in the graph ({len(err.unknown)} distinct): "
             f"{format_ids(first[np.sort(where)], total=len(err.unknown))}"
         ) from None
+
+
+class HotRows:
+    """The storage ids requested most recently (a bounded LRU set)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[int, None] = OrderedDict()
+
+    def note(self, ids: np.ndarray) -> None:
+        """Mark ``ids`` requested now."""
+        if not self.capacity:
+            return
+        for node in ids[-self.capacity :].tolist():
+            self._ids[node] = None
+            self._ids.move_to_end(node)
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def among(self, nodes: np.ndarray) -> np.ndarray:
+        """The hot ids within sorted ``nodes``, most recent first."""
+        if not self._ids or nodes.size == 0:
+            return np.empty(0, dtype=np.int64)
+        hot = np.fromiter(reversed(self._ids), dtype=np.int64, count=len(self._ids))
+        return hot[np.isin(hot, nodes, assume_unique=True)]
 
 
 def _consume(task: asyncio.Task[object]) -> None:

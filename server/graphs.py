@@ -77,10 +77,11 @@ class GraphAdmin:
     """
 
     def __init__(
-        self, models, metrics: Metrics, compact_after: int = COMPACT_AFTER_BATCHES
+        self, models, metrics: Metrics, compact_after: int = COMPACT_AFTER_BATCHES, edge=None
     ) -> None:  # noqa: ANN001
         self.models = models
         self.metrics = metrics
+        self.edge = edge  # refreshes hot invalidated rows (EmbeddingService.refresh)
         self.compact_after = compact_after
         self._compactions: dict[Path, asyncio.Task[None]] = {}
 
@@ -138,6 +139,10 @@ class GraphAdmin:
             )  # fmt: skip
         self._publish(live)
         self._maybe_compact(live)
+        if self.edge is not None and result.affected:
+            for model in self._on_graph(live):
+                if model.ready and model_kind(model) in result.affected:
+                    self.edge.refresh(model, result.affected[model_kind(model)])
         return admin_pb2.UpdateGraphResponse(
             graph_seq=result.seq,
             graph_version=live.lineage_version,

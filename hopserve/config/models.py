@@ -272,6 +272,15 @@ class CacheConfig(_Section):
     """Round trips to Redis at once (the connection pool's size); a lookup waits up to
     ``redis_timeout_s`` for a turn and is otherwise answered without the cache."""
 
+    invalidation: Literal["exact", "flush"] = "exact"
+    """What a graph update does to cached rows: ``exact`` stops serving only the rows it
+    can change (the L-hop downstream set, per model); ``flush`` stops serving every row
+    computed before it (the baseline the update benchmark compares against)."""
+
+    refresh_hot_rows: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
+    """After an update, recompute in the background up to this many of the invalidated
+    rows that were requested recently (their next lookup is a hit again); 0 = off."""
+
     integrity_key_file: Path | None = None
     """File holding a secret (at least 16 bytes) that keys the MAC of every cached value,
     so that whoever can write to Redis cannot forge a row; every front-end sharing the

@@ -264,3 +264,31 @@ def test_read_your_writes_and_exact_invalidation(
             assert again.replayed and again.graph_seq == 1
     finally:
         server.stop()
+
+
+def test_hot_invalidated_rows_are_recomputed_in_the_background(
+    graph_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """After an update, the recently requested rows it invalidated are computed again at
+    the new sequence and cached: the next lookup is a hit, and exact."""
+    server = serve(tmp_path, graph_dir, redis_server)
+    oracle = Oracle(tmp_path / "graph")
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
+            hot = external_ids()[:20].tolist()
+            ask = pb.GetEmbeddingsRequest(model="gcn", node_ids=hot)
+            embed.GetEmbeddings(ask)
+            server.drain()
+            answer = admin.UpdateGraph(admin_pb2.UpdateGraphRequest(
+                model="gcn", add_edges=pb.EdgeList(src=[hot[1]], dst=[hot[0]]),
+            ))  # fmt: skip
+            oracle.edges[(hot[1], hot[0])] += 1
+            server.drain()  # the refresh is a write-back like the others
+            after = embed.GetEmbeddings(ask)
+            assert answer.rows_invalidated > 0 and after.cache_hits == len(hot)
+            got = np.frombuffer(after.embeddings, "<f4").reshape(len(hot), -1)
+            assert_exact(torch.from_numpy(got.copy()), oracle.forward("gcn", hot), "refreshed")
+    finally:
+        server.stop()

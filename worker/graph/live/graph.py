@@ -33,7 +33,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +85,8 @@ class ApplyResult:
     replayed: bool = False
     apply_s: float = 0.0
     """Seconds from the start of the apply to the answer (fsync and invalidation included)."""
+    affected: dict = field(default_factory=dict, repr=False, compare=False)
+    """Per tracked model kind, the storage ids whose rows the batch can change."""
 
 
 class _RWLock:
@@ -262,11 +264,11 @@ class LiveGraph:
             self.log.append(resolved.seq, encode(resolved))
             with self._lock.write():
                 self._apply_resolved(resolved, nxt)
-            invalidated = self._invalidate(resolved)
-            result = _result_of(resolved, self.snapshot, invalidated)
-            result = _replace(result, apply_s=time.perf_counter() - start)
+            affected = self._invalidate(resolved)
+            result = _result_of(resolved, self.snapshot, sum(a.size for a in affected.values()))
+            result = _replace(result, apply_s=time.perf_counter() - start, affected=affected)
             if resolved.idempotency_key:
-                self._remember(resolved.idempotency_key, result)
+                self._remember(resolved.idempotency_key, _replace(result, affected={}))
             return result
 
     def _apply_resolved(self, batch: ResolvedBatch, nxt: GraphSnapshot | None = None) -> None:
@@ -276,8 +278,8 @@ class LiveGraph:
             self._write_features(batch)
         self._stores.clear()
 
-    def _invalidate(self, batch: ResolvedBatch) -> int:
-        total = 0
+    def _invalidate(self, batch: ResolvedBatch) -> dict[ModelKind, np.ndarray]:
+        affected = {}
         snap = self.snapshot
         for kind, stale in list(self._stale.items()):
             if stale.size < snap.num_nodes:
@@ -286,8 +288,8 @@ class LiveGraph:
                 self._stale[kind] = stale = grown
             nodes = affected_nodes(snap, batch, kind[0], kind[1])
             stale[nodes] = batch.seq
-            total += int(nodes.size)
-        return total
+            affected[kind] = nodes
+        return affected
 
     def _remember(self, key: str, result: ApplyResult) -> None:
         self._keys[key] = result
