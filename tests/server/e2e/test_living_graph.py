@@ -292,3 +292,39 @@ def test_hot_invalidated_rows_are_recomputed_in_the_background(
             assert_exact(torch.from_numpy(got.copy()), oracle.forward("gcn", hot), "refreshed")
     finally:
         server.stop()
+
+
+def test_worker_processes_catch_up_from_the_log(
+    graph_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """With worker processes (``server.local_workers``), each applies the update log up
+    to the sequence a job names before evaluating: rows are exact after every update,
+    whichever process computes them."""
+    server = serve(tmp_path, graph_dir, redis_server, local_workers=2, max_batch_targets=8)
+    oracle = Oracle(tmp_path / "graph")
+    rng = np.random.default_rng(7)
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
+            for step in range(4):
+                src, dst = (rng.choice(oracle.ids, size=30).tolist() for _ in range(2))
+                new = [2_000_000 + step]
+                feats = rng.standard_normal((1, FEATURES)).astype(np.float32)
+                admin.UpdateGraph(admin_pb2.UpdateGraphRequest(
+                    model="sage", add_nodes=_rows(new, feats),
+                    add_edges=pb.EdgeList(src=src + new, dst=dst + [oracle.ids[step]]),
+                ))  # fmt: skip
+                oracle.ids += new
+                oracle.features[new[0]] = feats[0]
+                oracle.edges.update(zip(src + new, dst + [oracle.ids[step]], strict=True))
+                ids = rng.choice(oracle.ids, size=40).tolist() + new
+                for name in MODELS:  # several batches: both processes get jobs
+                    answer = embed.GetEmbeddings(
+                        pb.GetEmbeddingsRequest(model=name, node_ids=ids), timeout=60
+                    )
+                    got = np.frombuffer(answer.embeddings, "<f4").reshape(len(ids), -1)
+                    assert answer.graph_seq == step + 1
+                    assert_exact(torch.from_numpy(got.copy()), oracle.forward(name, ids), name)
+    finally:
+        server.stop()
