@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hopserve.config import ConfigError, HopserveConfig
+from hopserve.config import ConfigError, HopserveConfig, ModelConfig
 
 __all__ = ["LocalWorkerPool"]
 
@@ -81,6 +81,16 @@ class LocalWorkerPool:
         fd = os.open(self._config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
+
+    def set_models(self, models: list[ModelConfig]) -> None:
+        """The models a child loads when it (re)starts from now on: the versions served
+        after a hot load or unload (the running children are told by the front-end)."""
+        data = json.loads(self._config_path.read_text())
+        data["models"] = [m.model_dump(mode="json") for m in models]
+        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix="config-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self._config_path)  # a child starting now reads one or the other
 
     def start(self) -> None:
         """Start every child and its supervisor (on the running event loop)."""

@@ -226,7 +226,7 @@ class ModelLifecycle:
             statuses = await self._load_remote(dispatcher.clients, cfg)
             status = statuses[0]
             if self.workers.pool is not None:
-                self.workers.pool.set_models(self._served_configs() + [cfg])
+                self.workers.pool.set_models(self._served_configs())
         model.dispatcher = dispatcher
         model.adopt(status, ready=False)
         if model.state == "failed":
@@ -401,7 +401,13 @@ class ModelLifecycle:
                 await asyncio.to_thread(worker.unload_model, cfg.name, cfg.version, 60.0)
             return
         if self.workers.pool is not None:
-            self.workers.pool.set_models([c for c in self._served_configs() if c is not cfg])
+            self.workers.pool.set_models(
+                [
+                    c
+                    for c in self._served_configs()
+                    if c.name != cfg.name or c.version != cfg.version
+                ]
+            )
         results = await asyncio.gather(
             *(c.unload_model(cfg.name, cfg.version) for c in self.workers.dispatchers[0].clients),
             return_exceptions=True,
@@ -464,7 +470,13 @@ class ModelLifecycle:
     # ------------------------------------------------------------------ helpers
 
     def _served_configs(self) -> list[ModelConfig]:
-        return [m.config for m in self.models if m.state in ("ready", "loading")]
+        """The served versions' entries, each name's default marked (what a restarted
+        worker process loads)."""
+        return [
+            m.config.model_copy(update={"default": self.models.is_default(m)})
+            for m in self.models
+            if m.state in ("ready", "loading")
+        ]
 
     async def _notify(self, model: ServedModel) -> None:
         if self.publish is not None:

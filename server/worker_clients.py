@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import grpc.aio
@@ -31,16 +32,22 @@ from hopserve.proto.codec import (
     status_from_proto,
 )
 from hopserve.proto.contract import (
+    BlockInfo,
     DeadlineExceededError,
     InvalidJobError,
     Job,
     JobError,
     JobResult,
+    ModelStatus,
     WorkerStatus,
     WorkerUnavailableError,
     time_left,
 )
-from hopserve.proto.v1 import worker_pb2_grpc
+from hopserve.proto.fields import from_message
+from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hopserve.config import ModelConfig
 
 __all__ = ["ChannelCredentialSource", "InProcessWorkerClient", "RemoteWorkerClient"]
 
@@ -230,6 +237,47 @@ class RemoteWorkerClient:
         except (grpc.aio.UsageError, OSError) as err:
             raise WorkerUnavailableError(f"worker {self.name}: {err}") from None
         return status_from_proto(reply)
+
+    async def load_model(self, config: ModelConfig, timeout: float = 600.0) -> ModelStatus:
+        """Load a model version on the remote worker (``WorkerService.LoadModel``); its
+        report.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            JobError: the worker refused or failed the load (the message says why).
+        """
+        data = config.model_dump(mode="json")
+        data["config_dir"] = None if config.config_dir is None else str(config.config_dir)
+        request = worker_pb2.WorkerLoadModelRequest(config=json.dumps(data))
+        try:
+            reply = await self._get_stub().LoadModel(
+                request, timeout=timeout, metadata=self._metadata()
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err, f"load {config.name}:{config.version}") from None
+        except (grpc.aio.UsageError, OSError) as err:
+            raise WorkerUnavailableError(f"worker {self.name}: {err}") from None
+        return from_message(
+            reply,
+            ModelStatus,
+            mode=reply.mode or "layerwise",
+            blocks=tuple(from_message(b, BlockInfo) for b in reply.blocks),
+        )
+
+    async def unload_model(self, name: str, version: str, timeout: float = 120.0) -> None:
+        """Unload a model version from the remote worker (idempotent).
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            JobError: the worker failed the call.
+        """
+        request = worker_pb2.WorkerUnloadModelRequest(name=name, version=version)
+        try:
+            await self._get_stub().UnloadModel(request, timeout=timeout, metadata=self._metadata())
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err, f"unload {name}:{version}") from None
+        except (grpc.aio.UsageError, OSError) as err:
+            raise WorkerUnavailableError(f"worker {self.name}: {err}") from None
 
     def _error(self, err: grpc.aio.AioRpcError, what: str) -> Exception:
         details = err.details() or err.code().name

@@ -14,6 +14,9 @@ servicer runs (:func:`hopserve.rpc.add_service`). Status details are bounded
 (:func:`hopserve.rpc.clip`, :func:`~hopserve.rpc.quote`), so an answer always fits gRPC's
 metadata limit. Repeated identical warnings are rate-limited (:mod:`hopserve.logs`).
 
+``LoadModel`` / ``UnloadModel`` load and unload model versions while the worker serves
+(the front-end's hot swaps): a load that fails is ``INVALID_ARGUMENT`` naming why.
+
 The server also answers ``grpc.health.v1.Health`` (service ``""`` and
 ``hopserve.v1.WorkerService``; ``NOT_SERVING`` once shutdown begins) and server
 reflection.
@@ -25,6 +28,7 @@ import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import empty_pb2
@@ -38,11 +42,15 @@ from hopserve.proto.codec import (
     status_for_error,
     status_to_proto,
 )
-from hopserve.proto.contract import JobError, WorkerBusyError
-from hopserve.proto.v1 import worker_pb2, worker_pb2_grpc
+from hopserve.proto.contract import JobError, ModelStatus, WorkerBusyError
+from hopserve.proto.fields import to_message
+from hopserve.proto.v1 import embedding_pb2, worker_pb2, worker_pb2_grpc
 from hopserve.rpc import add_service, bind_port, bound_message, clip
 from hopserve.security.gate import Gate
 from hopserve.worker.runtime.base import Worker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hopserve.config import EngineConfig
 
 __all__ = ["SERVICE_NAME", "WorkerServer", "WorkerServicer", "serve_worker"]
 
@@ -59,12 +67,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         worker: the worker that runs the jobs.
         max_pending_jobs: jobs accepted at once (running or waiting for their model);
             more are refused with ``RESOURCE_EXHAUSTED`` so the dispatcher can go elsewhere.
+        engine: the evaluator settings of models loaded through ``LoadModel``.
     """
 
-    def __init__(self, worker: Worker, *, max_pending_jobs: int = 16) -> None:
+    def __init__(
+        self, worker: Worker, *, max_pending_jobs: int = 16, engine: EngineConfig | None = None
+    ) -> None:
         if max_pending_jobs < 1:
             raise ValueError(f"max_pending_jobs must be >= 1, got {max_pending_jobs}")
         self.worker = worker
+        self.engine = engine
         self.max_pending_jobs = max_pending_jobs
         self._pending = 0
         self._lock = threading.Lock()
@@ -128,6 +140,41 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         msg.queued_jobs = max(msg.queued_jobs, pending - msg.inflight_jobs)
         return msg
 
+    def LoadModel(  # noqa: N802 - gRPC method name
+        self, request: worker_pb2.WorkerLoadModelRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.LoadedModel:
+        from pydantic import ValidationError
+
+        from hopserve.config import ModelConfig
+        from hopserve.worker.loader import ModelLoadError
+
+        try:
+            cfg = ModelConfig.model_validate_json(request.config)
+            loaded = self.worker.load_model(cfg, self.engine)
+        except (ValidationError, ModelLoadError, ValueError) as err:
+            details = bound_message(f"cannot load the model: {err}")
+            log.info("LoadModel: %s", details)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, details)
+        except Exception as err:  # never let a load take the process down
+            log.exception("LoadModel failed")
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                bound_message(f"loading the model failed: {type(err).__name__}: {err}"),
+            )
+        return model_status_to_proto(loaded.status())
+
+    def UnloadModel(  # noqa: N802 - gRPC method name
+        self, request: worker_pb2.WorkerUnloadModelRequest, context: grpc.ServicerContext
+    ) -> empty_pb2.Empty:
+        self.worker.unload_model(request.name, request.version, timeout=60.0)
+        return empty_pb2.Empty()
+
+
+def model_status_to_proto(status: ModelStatus) -> worker_pb2.LoadedModel:
+    """One loaded model as a ``LoadedModel`` message (as in ``WorkerInfo.models``)."""
+    blocks = [to_message(b, embedding_pb2.BlockInfo) for b in status.blocks]
+    return to_message(status, worker_pb2.LoadedModel, blocks=blocks)
+
 
 class WorkerServer:
     """A running worker gRPC server (returned by :func:`serve_worker`)."""
@@ -154,9 +201,11 @@ def serve_worker(
     max_pending_jobs: int = 16,
     credentials: grpc.ServerCredentials | None = None,
     gate: Gate | None = None,
+    engine: EngineConfig | None = None,
 ) -> tuple[WorkerServer, int]:
     """Start a gRPC server for ``worker`` on ``host:port`` (``port=0`` picks a free one).
 
+    ``engine``: the evaluator settings of models loaded later (``LoadModel``).
     ``credentials`` (mutual TLS) and ``gate`` (the link token) come from
     :func:`hopserve.security.factory.worker_credentials` / ``worker_gate``; without them
     the port is plaintext and open, which suits loopback only.
@@ -175,7 +224,7 @@ def serve_worker(
             ("grpc.max_send_message_length", -1),
         ],
     )
-    servicer = WorkerServicer(worker, max_pending_jobs=max_pending_jobs)
+    servicer = WorkerServicer(worker, max_pending_jobs=max_pending_jobs, engine=engine)
     add_service(
         server, servicer, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"], gate=gate
     )

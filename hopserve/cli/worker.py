@@ -102,7 +102,7 @@ def worker_cmd(
     try:
         server, bound = serve_worker(
             worker, host, port, max_pending_jobs=max_pending_jobs,
-            credentials=credentials, gate=gate,
+            credentials=credentials, gate=gate, engine=cfg.engine,
         )  # fmt: skip
     except RuntimeError as err:
         fail(str(err), code=1)

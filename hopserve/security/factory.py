@@ -59,7 +59,9 @@ FRONTEND_SCOPES = {
 }
 """Method → scope of the public port; any other method needs ``admin``."""
 
-WORKER_SCOPES = {f"{_WORKER}{m}": WORKER for m in ("RunJob", "WorkerStatus")}
+WORKER_SCOPES = {
+    f"{_WORKER}{m}": WORKER for m in ("RunJob", "WorkerStatus", "LoadModel", "UnloadModel")
+}
 """Method → scope of the worker port."""
 
 

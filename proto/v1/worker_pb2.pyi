@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JobRequest(_message.Message):
-    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s", "graph_seq")
+    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s", "graph_seq", "delta")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class JobRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     model_version: str
@@ -30,7 +31,8 @@ class JobRequest(_message.Message):
     seed: int
     deadline_unix_s: float
     graph_seq: int
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ...) -> None: ...
+    delta: bytes
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ..., delta: _Optional[bytes] = ...) -> None: ...
 
 class LayerStats(_message.Message):
     __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free")
@@ -154,3 +156,17 @@ class WorkerInfo(_message.Message):
     device_memory_total_bytes: int
     device_memory_peak_bytes: int
     def __init__(self, worker_id: _Optional[str] = ..., device: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., inflight_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., device_memory_used_bytes: _Optional[int] = ..., device_memory_total_bytes: _Optional[int] = ..., device_memory_peak_bytes: _Optional[int] = ...) -> None: ...
+
+class WorkerLoadModelRequest(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: str
+    def __init__(self, config: _Optional[str] = ...) -> None: ...
+
+class WorkerUnloadModelRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...

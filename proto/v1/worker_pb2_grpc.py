@@ -48,6 +48,16 @@ class WorkerServiceStub:
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
                 response_deserializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
                 _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/hopserve.v1.WorkerService/LoadModel',
+                request_serializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerLoadModelRequest.SerializeToString,
+                response_deserializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.LoadedModel.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/hopserve.v1.WorkerService/UnloadModel',
+                request_serializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerUnloadModelRequest.SerializeToString,
+                response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -72,6 +82,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadModel(self, request, context):
+        """Load a model version beside the loaded ones (the front-end's AdminService.LoadModel).
+        Errors: INVALID_ARGUMENT (a bad entry, or a model that cannot be loaded: names why).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Unload a model version; a job of it already running finishes first. Unloading a
+        version that is not loaded succeeds (idempotent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -84,6 +110,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.WorkerStatus,
                     request_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
                     response_serializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerInfo.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerLoadModelRequest.FromString,
+                    response_serializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.LoadedModel.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerUnloadModelRequest.FromString,
+                    response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -143,6 +179,60 @@ class WorkerService:
             '/hopserve.v1.WorkerService/WorkerStatus',
             google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hopserve.v1.WorkerService/LoadModel',
+            hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerLoadModelRequest.SerializeToString,
+            hopserve_dot_proto_dot_v1_dot_worker__pb2.LoadedModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hopserve.v1.WorkerService/UnloadModel',
+            hopserve_dot_proto_dot_v1_dot_worker__pb2.WorkerUnloadModelRequest.SerializeToString,
+            google_dot_protobuf_dot_empty__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,7 +23,10 @@ def test_services_and_methods() -> None:
     assert methods["GetModel"].output_type.name == "ModelInfo"
     worker = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
     assert worker.full_name == "hopserve.v1.WorkerService"
-    assert {m.name for m in worker.methods} == {"RunJob", "WorkerStatus"}
+    assert {m.name for m in worker.methods} == {
+        "RunJob", "WorkerStatus", "LoadModel", "UnloadModel",
+    }  # fmt: skip
+    assert worker.methods_by_name["LoadModel"].output_type.name == "LoadedModel"
     assert worker.methods_by_name["WorkerStatus"].input_type.full_name == "google.protobuf.Empty"
     # the gRPC stubs import and expose both services
     assert embedding_pb2_grpc.EmbeddingServiceStub and worker_pb2_grpc.WorkerServiceStub
