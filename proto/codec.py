@@ -83,6 +83,7 @@ def job_to_proto(job: Job) -> worker_pb2.JobRequest:
         graph_version=job.graph_version,
         graph_seq=job.graph_seq,
         targets=encode_indices(np.asarray(job.targets)),
+        delta=job.delta,
     )
     if job.frontiers is not None:
         if len(job.frontiers) == 0:
@@ -141,6 +142,7 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
         deadline=msg.deadline_unix_s or None,
         graph_version=msg.graph_version,
         graph_seq=int(msg.graph_seq),
+        delta=bytes(msg.delta),
     )
 
 

@@ -144,6 +144,9 @@ class Job:
     """Graph sequence planned at (updates on top of ``graph_version``): a worker behind
     applies the update log up to it first; one ahead refuses the job
     (:class:`GraphVersionMismatchError`, the front-end plans again)."""
+    delta: bytes = b""
+    """A request-scoped graph delta resolved at ``graph_seq`` (the update log's record
+    encoding): the job runs on graph + delta, nothing is stored. Empty = none."""
 
 
 def time_left(job: Job, now: float | None = None) -> float | None:

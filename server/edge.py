@@ -48,12 +48,18 @@ from hopserve.server.errors import (
     quote,
     to_status,
 )
+from hopserve.server.graphs import decode_rows as decode_node_rows
 from hopserve.server.graphs import model_kind
 from hopserve.server.metrics import Metrics
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.server.pipeline import ModelPipeline
 from hopserve.server.timing import StageTimes
 from hopserve.worker.graph.errors import UnknownNodeError
+from hopserve.worker.graph.live import InvalidUpdateError, MutationBatch
+from hopserve.worker.graph.live.mutations import encode as encode_mutations
+from hopserve.worker.graph.live.mutations import resolve as resolve_mutations
+from hopserve.worker.graph.live.snapshot import apply_batch
+from hopserve.worker.graph.planner import plan_frontiers
 
 __all__ = ["MAX_CHUNK_BYTES", "EmbeddingService"]
 
@@ -80,6 +86,8 @@ class _Query:
     namespace: CacheNamespace
     deadline: float  # loop.time() instant
     graph_seq: int = 0  # the graph sequence the answer's rows are exact for
+    delta: DeltaResolver | None = None  # a cold-start request's own nodes and edges
+    footprint: bool = False  # answer each target's computation footprint
 
 
 class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
@@ -141,6 +149,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
                 timing=times.to_proto(time.perf_counter() - start),
                 cache_hits=hits,
                 graph_seq=query.graph_seq,
+                footprints=await self._footprints(query) if query.footprint else (),
             )
 
     async def StreamEmbeddings(  # noqa: N802 - gRPC method name
@@ -290,7 +299,11 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             variant=CacheNamespace.variant_for(key.fanouts, key.seed if key.fanouts else None),
         )
         ids = np.asarray(request.node_ids, dtype=np.int64)
-        if n > _OFFLOAD_IDS:  # keep the event loop responsive for huge requests
+        delta = _delta_of(model, request, key)
+        if delta is not None:  # cold start: IDs are mapped on graph + delta, no cache
+            storage = (await asyncio.to_thread(delta, model.topology))[2]
+            policy = pb.CACHE_BYPASS
+        elif n > _OFFLOAD_IDS:  # keep the event loop responsive for huge requests
             storage = await asyncio.to_thread(_to_storage, model, ids)
         else:
             storage = _to_storage(model, ids)
@@ -307,6 +320,8 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             namespace=namespace,
             deadline=asyncio.get_running_loop().time() + remaining,
             graph_seq=model.graph_seq,
+            delta=delta,
+            footprint=request.footprint,
         )
 
     # ------------------------------------------------------------------ rows
@@ -337,6 +352,12 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         written once, from one or the other.
         """
         model = query.model
+        if query.delta is not None:  # its own graph: one job, never cached or coalesced
+            rows, seq = await self.pipeline(model).run_delta(
+                query.delta.bind(query.ids[piece]), query.deadline
+            )
+            query.graph_seq = seq
+            return rows, (np.zeros(len(rows), bool) if per_row_hits else 0)
         uniq, first, inverse = np.unique(
             query.storage[piece], return_index=True, return_inverse=True
         )
@@ -396,6 +417,20 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         task = asyncio.get_running_loop().create_task(write())
         self._writebacks.add(task)
         task.add_done_callback(self._writebacks.discard)
+
+    async def _footprints(self, query: _Query) -> list[pb.TargetFootprint]:
+        """Per requested node: its frontier sizes alone, and the largest in-degree its
+        layers aggregate over (``hub`` at ``server.hub_degree`` or more)."""
+        model = query.model
+        topology = model.topology
+        if query.delta is not None:
+            topology = (await asyncio.to_thread(query.delta.bind(query.ids), topology))[1]
+        hub = self.config.hub_degree
+        prints = await asyncio.to_thread(footprints, topology, query.storage, model.num_layers)
+        return [
+            pb.TargetFootprint(frontier_sizes=sizes, max_degree=degree, hub=degree >= hub)
+            for sizes, degree in prints
+        ]
 
     # ------------------------------------------------------------------ refresh
 
@@ -542,6 +577,75 @@ class HotRows:
             return np.empty(0, dtype=np.int64)
         hot = np.fromiter(reversed(self._ids), dtype=np.int64, count=len(self._ids))
         return hot[np.isin(hot, nodes, assume_unique=True)]
+
+
+class DeltaResolver:
+    """A cold-start request's delta, checked against whichever snapshot it is planned on.
+
+    Calling it with a snapshot returns ``(encoded delta, snapshot + delta, storage ids of
+    the bound targets)``; :class:`InvalidUpdateError` becomes INVALID_ARGUMENT naming the
+    bad mutation, an unknown target ID names the ID.
+    """
+
+    def __init__(self, model_name: str, batch: MutationBatch, ids: np.ndarray) -> None:
+        self.model_name = model_name
+        self.batch = batch
+        self.ids = ids
+
+    def bind(self, ids: np.ndarray) -> DeltaResolver:
+        """The same delta for other targets (a slice of a streamed request)."""
+        return DeltaResolver(self.model_name, self.batch, ids)
+
+    def __call__(self, topology) -> tuple[bytes, object, np.ndarray]:  # noqa: ANN001
+        try:
+            resolved = resolve_mutations(self.batch, topology, topology.seq)
+        except InvalidUpdateError as err:
+            raise InvalidRequestError(f"model {self.model_name!r}: delta: {err}") from None
+        extended = apply_batch(topology, resolved)
+        try:
+            storage = extended.to_storage(self.ids)
+        except UnknownNodeError as err:
+            raise InvalidRequestError(
+                f"model {self.model_name!r}: {len(err.unknown)} requested node IDs are in "
+                f"neither the graph nor the delta: {format_ids(err.unknown)}"
+            ) from None
+        return encode_mutations(resolved), extended, storage
+
+
+def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKey):  # noqa: ANN202
+    """The request's :class:`DeltaResolver`, or ``None`` without a delta."""
+    if not request.HasField("delta"):
+        return None
+    delta = request.delta
+    if not (delta.add_nodes.node_ids or delta.add_edges.src or delta.add_edges.dst):
+        return None
+    if model.live is None:
+        raise InvalidRequestError(f"model {model.name!r} serves a graph that takes no delta")
+    if not key.exact:
+        raise InvalidRequestError("a request with a delta is exact only: drop the fanouts")
+    dim = model.topology.feature_dim
+    ids, rows = decode_node_rows(delta.add_nodes, dim, "delta.add_nodes")
+    batch = MutationBatch(
+        add_node_ids=ids,
+        add_node_features=rows,
+        add_src=np.asarray(delta.add_edges.src, dtype=np.int64),
+        add_dst=np.asarray(delta.add_edges.dst, dtype=np.int64),
+    )
+    return DeltaResolver(model.name, batch, np.asarray(request.node_ids, dtype=np.int64))
+
+
+def footprints(topology, storage: np.ndarray, num_layers: int) -> list[tuple[list[int], int]]:  # noqa: ANN001
+    """Per target: ``|V^0| … |V^L|`` planned for it alone, and the largest in-degree
+    among ``V^1 … V^L`` (the nodes whose aggregations it needs)."""
+    degrees = topology.in_degrees
+    out = []
+    for target in storage.tolist():
+        plan = plan_frontiers(topology, np.array([target]), num_layers, shortcut=False)
+        sizes = plan.sizes(topology.num_nodes)
+        nodes = plan.layers[1].nodes if num_layers else None
+        top = int(degrees[nodes].max()) if nodes is not None and nodes.size else 0
+        out.append((sizes, top))
+    return out
 
 
 def _consume(task: asyncio.Task[object]) -> None:

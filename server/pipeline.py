@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -140,6 +142,49 @@ class ModelPipeline:
         for block, seconds in enumerate(stats.layer_compute_s, start=first):
             metrics.layer_compute.labels(model.name, str(block)).observe(seconds)
         return BatchRun(rows=result.embeddings, timing=timing, graph_seq=result.graph_seq)
+
+    async def run_delta(
+        self, resolve_at: Callable[[Any], tuple[bytes, Any, np.ndarray]], deadline: float
+    ) -> tuple[np.ndarray, int]:
+        """Rows of a cold-start request: its own graph delta, never batched with others.
+
+        ``resolve_at(snapshot)`` checks the request's delta against a snapshot and
+        returns ``(encoded delta, snapshot + delta, storage ids of the targets)``; it is
+        called again on a newer snapshot when a worker had moved on. Returns the rows
+        (target order) and the graph sequence they were computed at.
+        """
+        model, loop = self.model, asyncio.get_running_loop()
+        for attempt in range(MAX_REPLANS):
+            topology = topology_of(model)
+            delta, extended, storage = await asyncio.to_thread(resolve_at, topology)
+            targets = np.unique(storage)
+            plan = await asyncio.to_thread(
+                plan_frontiers, extended, targets, model.num_layers,
+                input_layer=model.reads_input_frontier,
+            )  # fmt: skip
+            job = Job(
+                job_id=f"{model.name}-delta-{next(self._job_ids)}",
+                model=model.name,
+                model_version=model.version,
+                targets=targets,
+                frontiers=plan.frontiers if model.plans_frontiers else None,
+                deadline=time.time() + max(0.0, deadline - loop.time()),
+                graph_version=model.graph_version,
+                graph_seq=int(topology.seq),
+                delta=delta,
+            )
+            try:
+                result = await self.dispatcher.run(job)
+            except GraphVersionMismatchError:
+                self.metrics.worker_jobs.labels(self._worker_hint, "replanned").inc()
+                if attempt + 1 == MAX_REPLANS:
+                    raise
+                await asyncio.to_thread(model.live.catch_up)
+                continue
+            self.metrics.worker_jobs.labels(result.worker or self._worker_hint, "ok").inc()
+            rows = result.embeddings[np.searchsorted(targets, storage)]
+            return rows, result.graph_seq
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
         """Fail what is still queued and cancel running batches."""

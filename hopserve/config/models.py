@@ -195,6 +195,10 @@ class ServerConfig(_Section):
     stalled: health NOT_SERVING for it and ``hopserve_model_stalled`` 1, until a batch
     finishes again. Set it above your slowest expected batch."""
 
+    hub_degree: Annotated[int, Field(ge=1)] = 1000
+    """In-degree from which a node counts as a hub in a request's footprint
+    (``GetEmbeddingsRequest.footprint``)."""
+
     grace_period_s: Annotated[float, Field(ge=0.0, le=600.0)] = 10.0
     """On shutdown, how long in-flight requests may finish before being cancelled."""
 

@@ -20,6 +20,7 @@ import abc
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -46,6 +47,7 @@ from hopserve.proto.contract import (
 )
 from hopserve.rpc import clip, quote
 from hopserve.worker.graph.live import GraphSeqError, open_live
+from hopserve.worker.graph.live.mutations import decode as decode_delta
 from hopserve.worker.loader import ModelLoadError, load_model
 from hopserve.worker.runtime.degrees import degree_normalized
 from hopserve.worker.runtime.fx_guard import FX_GUARD
@@ -115,10 +117,20 @@ class LoadedModel:
             GraphVersionMismatchError: the graph moved past the job's sequence.
         """
         if self.live is None:
+            if job.delta:
+                raise InvalidJobError(f"job {clip(job.job_id)}: this graph takes no delta")
             yield self.graph
             return
         seq = job.graph_seq if job.graph_version else None
         try:
+            if job.delta:  # cold start: graph + the request's own nodes and edges
+                try:
+                    delta = decode_delta(job.delta, self.live.topology.feature_dim)
+                except (ValueError, struct.error) as err:
+                    raise InvalidJobError(f"job {clip(job.job_id)}: bad delta: {err}") from None
+                with self.live.with_delta(job.graph_seq, delta) as store:
+                    yield store
+                return
             with self.live.reading(seq):
                 yield self.live.store()
         except GraphSeqError as err:

@@ -328,3 +328,68 @@ def test_worker_processes_catch_up_from_the_log(
                     assert_exact(torch.from_numpy(got.copy()), oracle.forward(name, ids), name)
     finally:
         server.stop()
+
+
+def test_cold_start_request_with_its_own_delta(
+    graph_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """``GetEmbeddings`` with a delta: rows exact for graph + delta, for new and existing
+    targets; the stored graph and the cache are untouched; footprints on request."""
+    server = serve(tmp_path, graph_dir, redis_server, hub_degree=8)
+    oracle = Oracle(tmp_path / "graph")
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
+            a, b, c = (int(i) for i in external_ids()[:3])
+            account, device = 5_000_001, 5_000_002
+            feats = np.random.default_rng(1).standard_normal((2, FEATURES)).astype(np.float32)
+            delta = pb.GraphDelta(
+                add_nodes=_rows([account, device], feats),
+                add_edges=pb.EdgeList(src=[account, device, a], dst=[a, account, account]),
+            )
+            targets = [account, a, c, device]
+            before = {n: oracle.forward(n, [a, c]) for n in MODELS}
+            for name in MODELS:
+                embed.GetEmbeddings(pb.GetEmbeddingsRequest(model=name, node_ids=[a, c]))
+            server.drain()
+            with_delta = Oracle(tmp_path / "graph")
+            with_delta.ids += [account, device]
+            with_delta.features.update({account: feats[0], device: feats[1]})
+            with_delta.edges.update([(account, a), (device, account), (a, account)])
+            for name in MODELS:
+                answer = embed.GetEmbeddings(pb.GetEmbeddingsRequest(
+                    model=name, node_ids=targets, delta=delta, footprint=True,
+                ))  # fmt: skip
+                got = np.frombuffer(answer.embeddings, "<f4").reshape(len(targets), -1)
+                assert_exact(torch.from_numpy(got.copy()), with_delta.forward(name, targets), name)
+                # The delta matters for an existing target (the check could fail).
+                assert not torch.allclose(with_delta.forward(name, [a]), before[name][:1])
+                assert answer.cache_hits == 0 and answer.graph_seq == 0
+                layers = 3 if name == "sage" else 2
+                assert [len(f.frontier_sizes) for f in answer.footprints] == [layers + 1] * 4
+                assert all(f.frontier_sizes[-1] == 1 for f in answer.footprints)
+                assert all(f.hub == (f.max_degree >= 8) for f in answer.footprints)
+                # Untouched: the stored graph, and cached rows still without the delta.
+                plain = embed.GetEmbeddings(pb.GetEmbeddingsRequest(model=name, node_ids=[a, c]))
+                rows = np.frombuffer(plain.embeddings, "<f4").reshape(2, -1)
+                assert plain.cache_hits == 2
+                assert_exact(torch.from_numpy(rows.copy()), before[name], f"{name} untouched")
+            assert admin.GetGraph(admin_pb2.GetGraphRequest(model="sage")).graph_seq == 0
+            for bad, message in (
+                (pb.GraphDelta(add_edges=pb.EdgeList(src=[a], dst=[77])),
+                 "delta: add_edges.dst[0]: node ID 77 is not in the graph"),
+                (pb.GraphDelta(add_nodes=_rows([b], feats[:1])),
+                 f"delta: add_nodes[0]: node ID {b} is already in the graph"),
+            ):  # fmt: skip
+                with pytest.raises(grpc.RpcError) as info:
+                    embed.GetEmbeddings(
+                        pb.GetEmbeddingsRequest(model="sage", node_ids=[a], delta=bad)
+                    )
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert message in info.value.details()
+            with pytest.raises(grpc.RpcError) as info:  # a new ID without the delta
+                embed.GetEmbeddings(pb.GetEmbeddingsRequest(model="sage", node_ids=[account]))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop()

@@ -23,6 +23,7 @@ later sequence). ``version`` of a snapshot is unique per sequence; the *lineage*
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -339,6 +340,55 @@ class LiveGraph:
                 )
             yield self.snapshot
 
+    @contextmanager
+    def with_delta(self, seq: int, delta: ResolvedBatch) -> Iterator:  # -> GraphStore
+        """A store of the graph at ``seq`` plus a request-scoped ``delta`` (cold start).
+
+        Held exclusively (no job or update runs on this graph meanwhile): the delta's
+        snapshot is spliced like an update's but never logged or kept, and its new
+        nodes' features go to spare rows past the graph's own (the graph's snapshot
+        never reads them). Cost: one splice of the CSC, ``O(N + E)``.
+
+        Raises:
+            GraphSeqError: the graph moved past ``seq`` (plan again).
+        """
+        from hopserve.worker.graph.store import GraphStore
+
+        if seq > self.seq:
+            self.catch_up(seq)
+        with self._mutex, self._lock.write():
+            if seq != self.seq:
+                raise GraphSeqError(
+                    f"graph {self.path.name}: the request was planned at sequence {seq}, "
+                    f"this process is at {self.seq}"
+                )
+            if delta.num_nodes_before != self.snapshot.num_nodes:
+                raise GraphSeqError(f"graph {self.path.name}: the delta was resolved elsewhere")
+            snap = apply_batch(self.snapshot, delta)
+            if delta.new_node_ids.size:
+                self._write_features(
+                ResolvedBatch(
+                    seq=seq, num_nodes_before=delta.num_nodes_before,
+                    new_node_ids=delta.new_node_ids, new_features=delta.new_features,
+                    remove_src=delta.remove_src[:0], remove_dst=delta.remove_dst[:0],
+                    add_src=delta.add_src[:0], add_dst=delta.add_dst[:0],
+                    set_nodes=delta.set_nodes[:0], set_features=delta.set_features[:0],
+                )
+            )  # fmt: skip
+            features = self._features if self._features is not None else self._base().features
+            snap.meta = snap.meta.model_copy(
+                update={"version": f"{snap.meta.version}.delta{next(_DELTAS)}"}
+            )
+            yield GraphStore(
+                meta=snap.meta,
+                indptr=snap.indptr,
+                indices=snap.indices,
+                features=features[: snap.num_nodes],
+                node_ids=snap.node_ids,
+                path=snap.path,
+                topology=snap,
+            )
+
     # ------------------------------------------------------------------ features (worker)
     def store(self):  # -> GraphStore
         """The worker's :class:`~hopserve.worker.graph.store.GraphStore` of the current
@@ -500,6 +550,8 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
+
+_DELTAS = itertools.count()  # makes each delta store's version unique (engine caches)
 
 _OPEN: dict[str, LiveGraph] = {}
 _OPEN_LOCK = threading.Lock()
