@@ -37,7 +37,7 @@ from hopserve.client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from hopserve.client.results import BlockInfo, EmbeddingResult, ModelInfo
+from hopserve.client.results import BlockInfo, EmbeddingResult, Footprint, ModelInfo
 from hopserve.client.sync import EmbeddingClient
 from hopserve.proto.tensors import decode_embeddings, encode_embeddings
 
@@ -49,6 +49,7 @@ __all__ = [
     "DeadlineExceededError",
     "EmbeddingClient",
     "EmbeddingResult",
+    "Footprint",
     "GraphInfo",
     "GraphUpdateResult",
     "HopserveError",

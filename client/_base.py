@@ -204,6 +204,9 @@ class EmbeddingClientBase:
         model_version: str | int | None,
         seed: int | None,
         timeout: float | None,
+        add_nodes: Any = None,
+        add_edges: Any = None,
+        footprint: bool = False,
     ) -> Query:
         options = pb.QueryOptions(
             fanouts=check_fanouts(fanouts), cache_policy=check_cache_policy(cache_policy)
@@ -213,6 +216,16 @@ class EmbeddingClientBase:
         template = pb.GetEmbeddingsRequest(
             model=check_model(model), model_version=check_version(model_version), options=options
         )
+        if add_nodes is not None or add_edges is not None:  # request-scoped, never stored
+            from hopserve.client.admin import edge_list, node_rows
+
+            if add_nodes is not None:
+                template.delta.add_nodes.CopyFrom(node_rows("add_nodes", add_nodes))
+            if add_edges is not None:
+                template.delta.add_edges.CopyFrom(edge_list("add_edges", add_edges))
+        if not isinstance(footprint, bool):
+            raise InvalidArgumentError(f"footprint must be a bool, got {footprint!r}")
+        template.footprint = footprint
         ids = as_node_ids(node_ids)
         return Query(ids, template, self._deadline(timeout), self._max_nodes)
 

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 
 from hopserve.client.errors import DeadlineExceededError, MalformedResponseError
-from hopserve.client.results import TIMING_STAGES, EmbeddingResult
+from hopserve.client.results import TIMING_STAGES, EmbeddingResult, Footprint
 from hopserve.proto.tensors import decode_embeddings
 from hopserve.proto.v1 import embedding_pb2 as pb
 
@@ -59,6 +59,7 @@ class Query:
         self._layers: list[float] = []
         self._cache_hits = 0
         self._graph_seq = 0
+        self._footprints: list[Footprint] = []
 
     @property
     def n(self) -> int:
@@ -96,6 +97,10 @@ class Query:
         self._out[self._start : self._stop] = block
         self._add_stats(resp.timing if resp.HasField("timing") else None, resp.cache_hits)
         self._graph_seq = max(self._graph_seq, int(resp.graph_seq))
+        self._footprints.extend(
+            Footprint(tuple(f.frontier_sizes), int(f.max_degree), bool(f.hub))
+            for f in resp.footprints
+        )
         self.done = self._stop
 
     def result(self) -> EmbeddingResult:
@@ -111,6 +116,7 @@ class Query:
             layer_compute=tuple(self._layers),
             cache_hits=self._cache_hits,
             graph_seq=self._graph_seq,
+            footprints=tuple(self._footprints),
         )
 
     # -- streaming --------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -27,6 +27,9 @@ from hopserve.client._query import Deadline, Query
 from hopserve.client.errors import from_rpc_error
 from hopserve.client.results import EmbeddingResult, ModelInfo
 from hopserve.proto.v1 import embedding_pb2 as pb
+
+if TYPE_CHECKING:
+    from hopserve.client.admin import EdgesArg, NodeRowsArg
 
 __all__ = ["AsyncEmbeddingClient"]
 
@@ -87,9 +90,15 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         model_version: str | int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        add_nodes: NodeRowsArg | None = None,
+        add_edges: EdgesArg | None = None,
+        footprint: bool = False,
     ) -> EmbeddingResult:
         """See :meth:`EmbeddingClient.get_embeddings_with_info`."""
-        query = self._query(model, node_ids, fanouts, cache_policy, model_version, seed, timeout)
+        query = self._query(
+            model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
+            add_nodes, add_edges, footprint,
+        )  # fmt: skip
         while not query.finished:
             request = query.next_request()
             query.add_response(await self._call("GetEmbeddings", request, query.deadline))

@@ -75,6 +75,21 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """What computing one row touched (``hopserve.v1.TargetFootprint``).
+
+    Attributes:
+        frontier_sizes: Nodes computed per layer for this row alone, ``|V^0| … |V^L|``.
+        max_degree: Largest in-degree among the nodes its layers aggregate over.
+        hub: Whether ``max_degree`` reached the server's ``hub_degree``.
+    """
+
+    frontier_sizes: tuple[int, ...]
+    max_degree: int
+    hub: bool
+
+
+@dataclass(frozen=True)
 class EmbeddingResult:
     """Embeddings of a request plus what the server reported about computing them.
 
@@ -91,6 +106,7 @@ class EmbeddingResult:
         cache_hits: Rows served from the embedding cache.
         graph_seq: Graph sequence the rows are exact for (updates on top of
             ``graph_version``; the highest over the RPCs of a split request).
+        footprints: One per row when asked for (``footprint=True``), else empty.
     """
 
     embeddings: np.ndarray
@@ -101,3 +117,4 @@ class EmbeddingResult:
     layer_compute: tuple[float, ...] = ()
     cache_hits: int = 0
     graph_seq: int = 0
+    footprints: tuple[Footprint, ...] = ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -24,6 +24,9 @@ from hopserve.client._query import Deadline, Query
 from hopserve.client.errors import from_rpc_error
 from hopserve.client.results import EmbeddingResult, ModelInfo
 from hopserve.proto.v1 import embedding_pb2 as pb
+
+if TYPE_CHECKING:
+    from hopserve.client.admin import EdgesArg, NodeRowsArg
 
 __all__ = ["EmbeddingClient"]
 
@@ -89,13 +92,24 @@ class EmbeddingClient(EmbeddingClientBase):
         model_version: str | int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        add_nodes: NodeRowsArg | None = None,
+        add_edges: EdgesArg | None = None,
+        footprint: bool = False,
     ) -> EmbeddingResult:
         """Like :meth:`get_embeddings`, plus versions, server timing and cache hits.
+
+        ``add_nodes=(ids, features)`` and ``add_edges=(src, dst)`` are a request-scoped
+        graph delta (cold start): rows are exact for graph + delta, nothing is stored or
+        cached, and the new IDs may be asked for. ``footprint=True`` answers, per row, what
+        computing it touched (:class:`Footprint`).
 
         Calls over ``max_nodes_per_request`` IDs run as consecutive GetEmbeddings RPCs
         pinned to the first answer's model version; their stats are summed.
         """
-        query = self._query(model, node_ids, fanouts, cache_policy, model_version, seed, timeout)
+        query = self._query(
+            model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
+            add_nodes, add_edges, footprint,
+        )  # fmt: skip
         while not query.finished:
             request = query.next_request()
             query.add_response(self._call("GetEmbeddings", request, query.deadline))

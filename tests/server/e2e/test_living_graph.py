@@ -393,3 +393,29 @@ def test_cold_start_request_with_its_own_delta(
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         server.stop()
+
+
+def test_the_sdk_asks_with_a_delta_and_for_footprints(
+    graph_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """``get_embeddings_with_info(add_nodes=..., add_edges=..., footprint=True)``: the
+    fraud scorer's "what if" question, answered without writing anything."""
+    server = serve(tmp_path, graph_dir, redis_server)
+    try:
+        a = int(external_ids()[0])
+        feats = np.ones((1, FEATURES), np.float32)
+        with server.client() as client:
+            result = client.get_embeddings_with_info(
+                "gcn", [9_000_000, a], add_nodes=([9_000_000], feats),
+                add_edges=([9_000_000], [a]), footprint=True,
+            )  # fmt: skip
+        oracle = Oracle(tmp_path / "graph")
+        oracle.ids.append(9_000_000)
+        oracle.features[9_000_000] = feats[0]
+        oracle.edges[(9_000_000, a)] += 1
+        want = oracle.forward("gcn", [9_000_000, a])
+        assert_exact(torch.from_numpy(result.embeddings.copy()), want, "sdk delta")
+        assert [f.frontier_sizes[-1] for f in result.footprints] == [1, 1]
+        assert result.cache_hits == 0 and result.graph_seq == 0
+    finally:
+        server.stop()
