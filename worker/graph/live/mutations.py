@@ -29,9 +29,38 @@ class InvalidUpdateError(ValueError):
     """The batch cannot be applied (names the offending mutation); nothing was applied."""
 
 
+_WHAT = {  # field -> the mutation's name in error messages
+    "add_node_ids": "add_nodes",
+    "remove_src": "remove_edges.src",
+    "remove_dst": "remove_edges.dst",
+    "add_src": "add_edges.src",
+    "add_dst": "add_edges.dst",
+    "set_node_ids": "set_features",
+}
+_INT64_MAX = np.iinfo(np.int64).max
+
+
 def _ids(values: object, what: str) -> np.ndarray:
-    arr = np.asarray(values if values is not None else [], dtype=np.int64).reshape(-1)
-    return np.ascontiguousarray(arr)
+    """A 1-D int64 copy of node IDs; anything that is not integers in int64's range is
+    refused (a cast would truncate ``7.9`` to node 7 or wrap a large uint64 to a negative
+    ID, silently naming another node)."""
+    if values is None:
+        return np.empty(0, dtype=np.int64)
+    try:
+        arr = np.asarray(values)
+    except ValueError as err:  # ragged nested lists
+        raise InvalidUpdateError(f"{what}: not a list of node IDs ({err})") from None
+    if arr.ndim > 1:
+        raise InvalidUpdateError(f"{what}: node IDs must be 1-D, got shape {list(arr.shape)}")
+    arr = arr.reshape(-1)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise InvalidUpdateError(f"{what}: node IDs must be integers, got {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.max() > _INT64_MAX:
+        i = int(np.argmax(arr > _INT64_MAX))
+        raise InvalidUpdateError(f"{what}[{i}]: node ID {int(arr[i])} does not fit in int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 @dataclass
@@ -66,7 +95,7 @@ class MutationBatch:
             "add_dst",
             "set_node_ids",
         ):
-            setattr(self, name, _ids(getattr(self, name), name))
+            setattr(self, name, _ids(getattr(self, name), _WHAT[name]))
 
     @property
     def empty(self) -> bool:
@@ -113,7 +142,10 @@ def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
         if n:
             raise InvalidUpdateError(f"{what}: {n} node(s) given without features")
         return np.zeros((0, dim), dtype=np.float32)
-    arr = np.asarray(values)
+    try:
+        arr = np.asarray(values)
+    except ValueError as err:  # ragged rows
+        raise InvalidUpdateError(f"{what}: features are not a [{n}, {dim}] array ({err})") from None
     if arr.ndim != 2 or arr.shape[0] != n:
         raise InvalidUpdateError(
             f"{what}: features have shape {list(arr.shape)}, expected [{n}, {dim}]"
@@ -124,7 +156,8 @@ def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
         )
     if arr.dtype.kind != "f":
         raise InvalidUpdateError(f"{what}: features must be floating point, got {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused below
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
     bad = ~np.isfinite(arr).all(axis=1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -141,7 +174,7 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key.
     """
     key = batch.idempotency_key
-    if len(key) > MAX_KEY_CHARS or not key.isprintable():
+    if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isprintable():
         raise InvalidUpdateError(
             f"idempotency_key must be at most {MAX_KEY_CHARS} printable characters"
         )
@@ -246,9 +279,17 @@ def decode(data: bytes, dim: int) -> ResolvedBatch:
     Raises:
         ValueError: the bytes are not a batch (a corrupt record).
     """
-    view = memoryview(data)
+    try:
+        return _decode(memoryview(data), dim)
+    except struct.error as err:  # a header cut short
+        raise ValueError(f"log record: {err}") from None
+
+
+def _decode(view: memoryview, dim: int) -> ResolvedBatch:
     seq, n_before, key_len = _HEAD.unpack_from(view, 0)
     at = _HEAD.size
+    if at + key_len > len(view):
+        raise ValueError("log record: the key runs past the record")
     key = bytes(view[at : at + key_len]).decode()
     at += key_len
     values = {}

@@ -1,0 +1,174 @@
+"""Helpers for the living-graph tests: tiny stores, a naive Python model of a graph under
+mutation batches, and a deterministic stream of valid batches.
+
+Everything here speaks *external* node IDs. The naive model is deliberately simple (a
+list, a dict and a Counter) so it can serve as the oracle for the spliced CSC, the ID
+index and the update log.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from hopserve.worker.graph.live import MutationBatch
+
+__all__ = [
+    "NaiveGraph",
+    "build_store",
+    "live_state",
+    "random_batch",
+    "stream_batch",
+]
+
+ID_KINDS = ("identity", "dense", "sparse")
+
+
+def build_store(
+    edges: list[tuple[int, int]],
+    n: int,
+    dim: int = 3,
+    *,
+    id_kind: str = "sparse",
+    seed: int = 0,
+    path: str | Path | None = None,
+):
+    """A GraphStore of ``n`` nodes (edges between row indices ``0..n-1``).
+
+    ``id_kind``: ``"identity"`` (no node_ids, no reordering), ``"dense"`` (row index as
+    ID, RCMK-reordered storage), ``"sparse"`` (arbitrary distinct IDs, some negative).
+    Saved to ``path`` when given.
+    """
+    import torch
+
+    from hopserve import GraphStore
+
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.standard_normal((n, dim)).astype(np.float32))
+    ei = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).T.contiguous()
+    if id_kind == "identity":
+        store = GraphStore.from_edge_index(ei, x, reorder=None)
+    elif id_kind == "dense":
+        store = GraphStore.from_edge_index(ei, x)
+    else:
+        ids = rng.choice(np.arange(-50, 1000), size=n, replace=False).astype(np.int64)
+        store = GraphStore.from_edge_index(ei, x, node_ids=torch.from_numpy(ids))
+    if path is not None:
+        store.save(path, progress=False)
+    return store
+
+
+class NaiveGraph:
+    """External IDs in storage order, features by ID, edges as a multiset of ID pairs."""
+
+    def __init__(self, ids: list[int], features: dict[int, np.ndarray], edges: Counter) -> None:
+        self.ids = list(ids)
+        self.features = dict(features)
+        self.edges = Counter(edges)
+
+    @classmethod
+    def of_store(cls, store) -> NaiveGraph:
+        ext = store.to_external(np.arange(store.num_nodes))
+        ext = [int(v) for v in np.asarray(ext)]
+        ei = np.asarray(store.edge_index())
+        feats = np.asarray(store.features, dtype=np.float32)
+        edges = Counter(
+            (ext[s], ext[d]) for s, d in zip(ei[0].tolist(), ei[1].tolist(), strict=True)
+        )
+        return cls(ext, {v: feats[i].copy() for i, v in enumerate(ext)}, edges)
+
+    @classmethod
+    def of_snapshot(cls, snap, features=None) -> NaiveGraph:
+        ext = [int(v) for v in snap.to_external(np.arange(snap.num_nodes))]
+        ei = snap.edge_index()
+        edges = Counter(
+            (ext[s], ext[d]) for s, d in zip(ei[0].tolist(), ei[1].tolist(), strict=True)
+        )
+        feats = {}
+        if features is not None:
+            feats = {v: np.asarray(features[i], dtype=np.float32).copy() for i, v in enumerate(ext)}
+        return cls(ext, feats, edges)
+
+    def copy(self) -> NaiveGraph:
+        return NaiveGraph(self.ids, self.features, self.edges)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.ids)
+
+    def apply(self, batch: MutationBatch) -> None:
+        """The batch's meaning, spelled out (the batch must be valid)."""
+        add_feats = batch.add_node_features
+        for i, v in enumerate(batch.add_node_ids.tolist()):
+            self.ids.append(v)
+            self.features[v] = np.asarray(add_feats[i], dtype=np.float32).copy()
+        for s, d in zip(batch.remove_src.tolist(), batch.remove_dst.tolist(), strict=True):
+            self.edges.pop((s, d), None)
+        for s, d in zip(batch.add_src.tolist(), batch.add_dst.tolist(), strict=True):
+            self.edges[(s, d)] += 1
+        for i, v in enumerate(batch.set_node_ids.tolist()):
+            self.features[v] = np.asarray(batch.set_features[i], dtype=np.float32).copy()
+
+    def in_degree(self, v: int) -> int:
+        return sum(c for (_, d), c in self.edges.items() if d == v)
+
+    def out_degree(self, v: int) -> int:
+        return sum(c for (s, _), c in self.edges.items() if s == v)
+
+
+def random_batch(rng: random.Random, g: NaiveGraph, dim: int, *, key: str = "") -> MutationBatch:
+    """A random *valid* batch for ``g`` (choices made on sorted lists: deterministic)."""
+    present = sorted(g.ids)
+    taken = set(present)
+    k = rng.choice([0, 0, 1, 2, 3])
+    new: list[int] = []
+    while len(new) < k:
+        v = rng.randrange(-100, 2000)
+        if v not in taken:
+            taken.add(v)
+            new.append(v)
+    pairs = sorted(g.edges)
+    n_remove = rng.randint(0, min(3, len(pairs)))
+    remove = [rng.choice(pairs) for _ in range(n_remove)]  # a pair may be named twice
+    everyone = present + new
+    n_add = rng.randint(0, 4)
+    add = [(rng.choice(everyone), rng.choice(everyone)) for _ in range(n_add)]
+    if rng.random() < 0.3 and remove:  # remove and add back the same pair
+        add.append(remove[0])
+    n_set = rng.randint(0, 3)
+    set_ids = [rng.choice(everyone) for _ in range(n_set)]  # repeats: the last row wins
+    if not (new or remove or add or set_ids):
+        set_ids = [rng.choice(everyone)]
+
+    def rows(m: int) -> np.ndarray:
+        return np.array(
+            [[rng.uniform(-2, 2) for _ in range(dim)] for _ in range(m)], dtype=np.float32
+        ).reshape(m, dim)
+
+    return MutationBatch(
+        add_node_ids=np.array(new, dtype=np.int64),
+        add_node_features=rows(len(new)) if new else None,
+        remove_src=np.array([s for s, _ in remove], dtype=np.int64),
+        remove_dst=np.array([d for _, d in remove], dtype=np.int64),
+        add_src=np.array([s for s, _ in add], dtype=np.int64),
+        add_dst=np.array([d for _, d in add], dtype=np.int64),
+        set_node_ids=np.array(set_ids, dtype=np.int64),
+        set_features=rows(len(set_ids)) if set_ids else None,
+        idempotency_key=key,
+    )
+
+
+def stream_batch(seed: int, seq: int, g: NaiveGraph, dim: int) -> MutationBatch:
+    """Batch number ``seq`` of the deterministic stream ``seed`` (a function of the
+    seed, the sequence and the graph it applies to)."""
+    return random_batch(random.Random(seed * 1_000_003 + seq), g, dim, key=f"s{seed}-{seq}")
+
+
+def live_state(live) -> NaiveGraph:
+    """The living graph's current state (features included) as a naive model."""
+    with live.reading():
+        store = live.store()
+        return NaiveGraph.of_snapshot(live.snapshot, store.features.numpy())
