@@ -223,6 +223,7 @@ class Service:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.lifecycle.close()
         await self.edge.close(timeout=max(grace, 1.0))
         for dispatcher in self._workers.dispatchers:
             await dispatcher.close()
@@ -345,6 +346,7 @@ class Service:
                     )
                     for entry in status.models:
                         reported[(entry.name, entry.version)] = entry
+                    self.lifecycle.heal(client, status)  # a restarted remote worker
             pool = self._workers.pool
             startup = [m for m in self._startup if self.models.find(*m.key) is m]
             if pool is not None and pool.failure is not None:

@@ -124,6 +124,8 @@ class ModelLifecycle:
             (m.config_dir for m in config.models if m.config_dir is not None), Path.cwd()
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        self._healing: set[tuple[str, str, str]] = set()  # (worker, name, version) loading
+        self._tasks: set[asyncio.Task[None]] = set()
         self._graphs: dict[Path, Any] = {}  # resolved folder -> the graph its versions share
         for model in models:
             self._graphs.setdefault(Path(model.config.graph).resolve(), model.graph)
@@ -415,6 +417,46 @@ class ModelLifecycle:
         for result in results:
             if isinstance(result, BaseException):
                 logger.warning("unloading %s:%s from a worker: %s", cfg.name, cfg.version, result)
+
+    # ------------------------------------------------------------------ remote workers
+
+    def heal(self, client: Any, status: Any) -> None:
+        """Load on a remote worker the ready versions its status lacks (it restarted with
+        its own config file, which does not list the versions loaded since), in the
+        background; a version unloaded meanwhile is unloaded from it again."""
+        if not self.workers.remote:
+            return
+        have = {(m.name, m.version) for m in status.models}
+        for model in self.models:
+            key = (client.name, *model.key)
+            if model.ready and model.key not in have and key not in self._healing:
+                self._healing.add(key)
+                task = asyncio.get_running_loop().create_task(self._heal(client, model, key))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _heal(self, client: Any, model: ServedModel, key: tuple[str, str, str]) -> None:
+        try:
+            logger.warning(
+                "worker %s lacks model %r version %r (restarted?): loading it",
+                client.name, model.name, model.version,
+            )  # fmt: skip
+            await client.load_model(model.config)
+            if self.models.find(*model.key) is not model or not model.ready:
+                await client.unload_model(model.name, model.version)  # unloaded meanwhile
+        except Exception as err:
+            logger.error(
+                "loading model %r version %r on worker %s failed: %s",
+                model.name, model.version, client.name, _first_line(err),
+            )  # fmt: skip
+        finally:
+            self._healing.discard(key)
+
+    async def close(self) -> None:
+        """Cancel the background loads on remote workers (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ reload
 

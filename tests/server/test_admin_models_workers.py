@@ -79,3 +79,48 @@ def _until(condition: object, what: str, timeout: float = 180.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def test_a_restarted_remote_worker_gets_the_served_versions(
+    versions: Versions, tmp_path: Path
+) -> None:
+    """A remote worker restarts with its own config (version 1 only); the front-end loads
+    version 2, served since, on it again."""
+    import subprocess
+    import sys
+
+    import yaml
+    from support.processes import child_env
+
+    from hopserve.testing import free_port, wait_for_port
+
+    port = free_port()
+    (tmp_path / "worker.yaml").write_text(yaml.safe_dump({"models": [versions.entry("1")]}))
+    argv = [sys.executable, "-m", "hopserve", "worker", "-c", str(tmp_path / "worker.yaml"),
+            "--port", str(port)]  # fmt: skip
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(argv, env=child_env(), stderr=subprocess.DEVNULL)
+        wait_for_port(port, 120, proc)
+        return proc
+
+    worker = start()
+    server = ServiceThread(versions.config(["1"], workers=[f"127.0.0.1:{port}"]))
+    try:
+        with server.admin() as admin:
+            admin.load_model(versions.entry("2"), make_default=True)
+            admin.unload_model(MODEL, "1")
+        name = next(iter(_clients(server)))
+        assert _loaded(server, name) == {(MODEL, "2")}
+        worker.kill()
+        worker.wait(30)
+        worker = start()
+        _until(lambda: _loaded(server, name) == {(MODEL, "1"), (MODEL, "2")}, "version 2 again")
+        ids = versions.external_ids[:20]
+        with server.client() as client:
+            res = client.get_embeddings_with_info(MODEL, ids, cache_policy="bypass")
+        assert res.model_version == "2" and versions.matches("2", ids, res.embeddings)
+    finally:
+        server.stop()
+        worker.kill()
+        worker.wait(30)
