@@ -36,6 +36,7 @@ import functools
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -67,7 +68,9 @@ class GCNAdapter(ConvAdapter):
     def __init__(self, conv: nn.Module) -> None:
         super().__init__(conv)
         self._graph_key: object | None = None
-        self._edge_weight: Tensor | None = None  # [E] per CSC edge (0 for dropped loops)
+        self._edge_weight: Tensor | None = None  # [E] per CSC edge, full layers (lazy)
+        self._dinv: Tensor | None = None  # float64 [N]: the normalization's d^-1/2
+        self._graph = None
         self._loop_weight: Tensor | None = None  # [N] added self-loop weight (or None)
         self._fill = 1.0
         self._topology = None  # the graph's GraphTopology (sampled batches read its CSC)
@@ -78,44 +81,59 @@ class GCNAdapter(ConvAdapter):
         self._device_weights: dict[tuple[str, str], Tensor] = {}  # per graph, see prepare
 
     def prepare(self, graph) -> None:  # graph: GraphStore
+        """Per-node normalization of ``graph`` in ``O(N)`` (degrees and self-loop counts
+        come from its topology, which a living graph carries over between versions); the
+        per-edge weights of full layers are built on their first use (``O(E)``), so a
+        graph update costs online jobs nothing per edge."""
         key = (id(graph), getattr(graph, "version", None))
         if key == self._graph_key:
             return
-        indptr, indices = graph.indptr, graph.indices.long()
+        topology = graph.topology
         n = graph.num_nodes
-        dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-        # For sampled batches: the graph's CSC, maximum in-degree and self-loop counts.
-        self._topology = graph.topology
-        self._max_in_degree = int((indptr[1:] - indptr[:-1]).max()) if n else 0
+        in_deg = torch.from_numpy(np.asarray(topology.in_degrees))
+        self._topology = topology
+        self._graph = graph
+        self._max_in_degree = int(in_deg.max()) if n else 0
         self._graph_loops = None
+        self._edge_weight = None
         with self._sample_lock:
             self._sampled_loops.clear()
             self._device_weights.clear()
         if not self.normalizes:
-            self._edge_weight, self._loop_weight = None, None
+            self._dinv, self._loop_weight = None, None
         elif self.adds_self_loops:
-            is_loop = indices == dst
-            if bool(is_loop.any()):
-                self._graph_loops = torch.bincount(dst[is_loop], minlength=n).int()
-            has_loop = torch.zeros(n, dtype=torch.bool)
-            has_loop[dst[is_loop]] = True
+            loops = torch.from_numpy(np.asarray(topology.self_loop_counts)).long()
+            has_loop = loops > 0
+            if bool(has_loop.any()):
+                self._graph_loops = loops.int()
             fill = pyg_loop_fill(self.improved)
             loop_w = torch.where(has_loop, 1.0, fill).to(torch.float64)
-            deg = loop_w + torch.bincount(dst[~is_loop], minlength=n).to(torch.float64)
+            deg = loop_w + (in_deg - loops).to(torch.float64)
             dinv = deg.pow(-0.5)
             dinv[torch.isinf(dinv)] = 0
-            w = (dinv[indices] * dinv[dst]).float()
-            w[is_loop] = 0.0
-            self._edge_weight = w
+            self._dinv = dinv
             self._loop_weight = (loop_w * dinv * dinv).float()
             self._fill = fill
         else:
-            deg = torch.bincount(dst, minlength=n).to(torch.float64)
-            dinv = deg.pow(-0.5)
+            dinv = in_deg.to(torch.float64).pow(-0.5)
             dinv[torch.isinf(dinv)] = 0
-            self._edge_weight = (dinv[indices] * dinv[dst]).float()
+            self._dinv = dinv
             self._loop_weight = None
         self._graph_key = key
+
+    def _full_edge_weight(self) -> Tensor:
+        """``[E]`` weight of every CSC edge (0 for loops when loops are re-added), built
+        once per graph on the first full layer."""
+        with self._sample_lock:
+            if self._edge_weight is None:
+                graph = self._graph
+                indptr, indices = graph.indptr, graph.indices.long()
+                dst = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr.diff())
+                w = (self._dinv[indices] * self._dinv[dst]).float()
+                if self._loop_weight is not None:
+                    w[indices == dst] = 0.0
+                self._edge_weight = w
+            return self._edge_weight
 
     # The conv's ``gcn_norm`` flags; subclasses for other gcn-normalized convs override them.
     @property
@@ -139,12 +157,17 @@ class GCNAdapter(ConvAdapter):
         return s is not None and s.fanout < self._max_in_degree
 
     def _adjacency(self, batch: LayerBatch, dtype: torch.dtype) -> Tensor:
-        if self._edge_weight is None:  # normalize=False: plain sum over in-edges
+        if self._dinv is None:  # normalize=False: plain sum over in-edges
             return batch.adj_t(dtype=dtype)
         if self._samples_graph(batch):
             return self._sampled_adjacency(batch, dtype)
         device = batch.src_index.device
-        w = self._weights_on(device, "edge")[batch.edge_ids]
+        if batch.dst_start is not None:  # a full layer: the per-edge weights, gathered
+            w = self._weights_on(device, "edge")[batch.edge_ids]
+        else:  # a frontier: w_uv = d_u^-1/2 d_v^-1/2 from the per-node table, O(batch)
+            dinv = self._weights_on(device, "dinv")
+            src = batch.src_index if batch.global_src_size else batch.src_nodes[batch.src_index]
+            w = (dinv[src] * dinv[batch.dst_nodes[batch.dst_index]]).float()
         if self._loop_weight is None:
             return batch.adj_t(values=w.to(dtype))
         loop_w = self._weights_on(device, "loop")
@@ -157,7 +180,13 @@ class GCNAdapter(ConvAdapter):
     def _weights_on(self, device: torch.device, which: str) -> Tensor:
         """The edge (``"edge"``) or self-loop (``"loop"``) weights on ``device``, copied
         there once per graph (not once per batch)."""
-        host = self._edge_weight if which == "edge" else self._loop_weight
+        host = {
+            "edge": self._full_edge_weight if which == "edge" else None,
+            "dinv": self._dinv,
+            "loop": self._loop_weight,
+        }[which]
+        if callable(host):
+            host = host()
         if device.type == "cpu":
             return host
         key = (which, str(device))

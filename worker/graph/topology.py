@@ -140,6 +140,13 @@ class GraphTopology:
         """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
         return np.bincount(self.indices, minlength=self.num_nodes).astype(np.int64, copy=False)
 
+    @cached_property
+    def self_loop_counts(self) -> np.ndarray:
+        """int64 ``[N]``: self-loops (edges ``v -> v``) of each node. ``O(E)`` once."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=self.indices.dtype), self.in_degrees)
+        loops = dst[self.indices == dst]
+        return np.bincount(loops, minlength=self.num_nodes).astype(np.int64, copy=False)
+
     def edge_index(self) -> np.ndarray:
         """int64 ``[2, E]`` edges in storage ids (row 0 source, row 1 destination), CSC order."""
         dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.in_degrees)

@@ -102,6 +102,7 @@ class GraphSnapshot(GraphTopology):
         in_degrees: np.ndarray | None = None,
         out_degrees: np.ndarray | None = None,
         out_csr: tuple[np.ndarray, np.ndarray] | None = None,
+        self_loops: np.ndarray | None = None,
     ) -> None:
         super().__init__(meta, indptr, indices, node_ids, path)
         self.seq = int(seq)
@@ -112,6 +113,8 @@ class GraphSnapshot(GraphTopology):
             self.__dict__["in_degrees"] = in_degrees
         if out_degrees is not None:
             self.__dict__["out_degrees"] = out_degrees
+        if self_loops is not None:
+            self.__dict__["self_loop_counts"] = self_loops
         self.out_indptr, self.out_indices = out_csr if out_csr is not None else (None, None)
 
     @classmethod
@@ -249,6 +252,14 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
             batch.remove_src, batch.remove_dst, batch.add_src, batch.add_dst,
         )  # fmt: skip
         out_csr = (o_ptr, o_idx)
+    self_loops = None
+    if "self_loop_counts" in snap.__dict__:  # carried over when the old one was counted
+        self_loops = np.zeros(n, dtype=np.int64)
+        self_loops[:n_before] = snap.self_loop_counts
+        gone = batch.remove_src == batch.remove_dst  # every copy of each removed loop
+        self_loops[batch.remove_dst[gone]] = 0
+        added = batch.add_src == batch.add_dst  # removals come first in a batch
+        self_loops += np.bincount(batch.add_dst[added], minlength=n)
     index = snap.id_index
     node_ids = snap.node_ids
     if k:
@@ -273,5 +284,5 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
     return GraphSnapshot(
         meta, indptr, indices, node_ids, snap.path,
         seq=batch.seq, base_version=snap.base_version, id_index=index,
-        in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr,
+        in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
     )  # fmt: skip
