@@ -224,7 +224,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # Models and build -------------------------------------------------------------------
     MetricSpec(
         "model_ready", "hopserve_model_ready", "gauge", ("model", "version"),
-        "1 when the model version is loaded and serving, 0 while loading or after unload.",
+        "1 when the model version is loaded and serving, 0 while loading (or failed, or "
+        "after shutdown); a version unloaded at run time has no series (so no alert).",
     ),
     MetricSpec(
         "model_stalled", "hopserve_model_stalled", "gauge", ("model",),
