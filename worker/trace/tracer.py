@@ -89,6 +89,12 @@ class TracedModel:
         return self.gm.get_submodule(str(node.target))
 
 
+_EDGE_DATA_ARG = re.compile(
+    r"(edge_(weight|attr|feat|feature|type|norm)|e_?feats?|e_?weight|etype|edge_w)s?"
+)
+"""Names of ``forward`` parameters that carry per-edge data (refused: the store has none)."""
+
+
 def _signature(model: nn.Module) -> tuple[str, str, str, dict[str, object]]:
     params = [
         p
@@ -111,6 +117,14 @@ def _signature(model: nn.Module) -> tuple[str, str, str, dict[str, object]]:
             raise ModelTraceError(
                 f"{type(model).__name__}.forward has a required extra argument '{p.name}'; "
                 "only (features, graph) inputs are supported (edge features are not yet)"
+            )
+        if _EDGE_DATA_ARG.fullmatch(p.name):
+            raise ModelTraceError(
+                f"{type(model).__name__}.forward accepts edge data '{p.name}', which the "
+                "graph store does not hold: served without it, a model trained with it "
+                "would give other embeddings. Serve a forward without the parameter (e.g. "
+                "a subclass whose forward(x, edge_index) calls the parent's) if the model "
+                "does not use it"
             )
         concrete[p.name] = p.default
     return feature_arg, graph_arg, style, concrete

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from support import random_edge_index
@@ -147,6 +149,29 @@ def test_required_extra_argument_refused():
             return self.conv(x, edge_index)
 
     with pytest.raises(ModelTraceError, match="edge_weight"):
+        trace_model(Net())
+
+
+@pytest.mark.parametrize("name", ["edge_weight", "edge_attr", "edge_feats", "e_feat", "etypes"])
+def test_optional_edge_data_argument_refused_naming_it(name):
+    """A GCN trained with edge weights must not be served silently without them."""
+    from torch_geometric.nn import GCNConv
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(4, 3)
+
+        def forward(self, x, edge_index, **kw):
+            return self.conv(x, edge_index, kw.get(name))
+
+    Net.forward.__signature__ = inspect.Signature([
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("edge_index", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+    ])  # fmt: skip
+    with pytest.raises(ModelTraceError, match=f"accepts edge data '{name}'"):
         trace_model(Net())
 
 
