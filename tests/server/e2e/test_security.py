@@ -276,3 +276,17 @@ def _wait_for(condition, timeout: float = 10.0) -> None:  # noqa: ANN001
     while not condition():
         assert time.monotonic() < end, "condition not met in time"
         time.sleep(0.2)
+
+
+def test_graph_updates_need_the_admin_scope(secured: Secured) -> None:
+    """UpdateGraph on the public port: a reader is refused; an admin reaches the service
+    (here with a batch it refuses, so the module's shared graph is not changed)."""
+    from hopserve.client import AdminClient, InvalidArgumentError
+
+    options = {"timeout": 20.0, "root_certificates": secured.pki.ca}
+    with AdminClient(secured.target, token=READ_TOKEN, **options) as reader:
+        with pytest.raises(PermissionDeniedError, match="needs scope 'admin'"):
+            reader.update_graph(MODEL, add_edges=([1], [2]))
+    with AdminClient(secured.target, token=ADMIN_TOKEN, **options) as admin:
+        with pytest.raises(InvalidArgumentError, match="node ID 1 is not in the graph"):
+            admin.update_graph(MODEL, add_edges=([1], [2]))
