@@ -82,6 +82,8 @@ class GraphAdmin:
         self.models = models
         self.metrics = metrics
         self.edge = edge  # refreshes hot invalidated rows (EmbeddingService.refresh)
+        for live in {id(m.live): m.live for m in models if getattr(m, "live", None)}.values():
+            live.prepare_updates()
         self.compact_after = compact_after
         self._compactions: dict[Path, asyncio.Task[None]] = {}
 

@@ -181,18 +181,25 @@ class LiveGraph:
         """
         path = self.updates_dir / LINEAGE_FILE
         if not path.is_file():
+            # Written whole to a private file, then linked in (exclusive, atomic): a crash
+            # mid-way leaves no LINEAGE rather than an empty one no process could open.
+            token = uuid.uuid4().hex
+            tmp = self.updates_dir / f".{LINEAGE_FILE}.{token}"
             try:
                 self.updates_dir.mkdir(exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                pass
-            except OSError:
-                return content_version
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(f"{content_version}.{uuid.uuid4().hex[:12]}\n")
+                with open(tmp, "w") as f:
+                    f.write(f"{content_version}.{token[:12]}\n")
                     f.flush()
                     os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass  # another process was first: every process reads its token
+                finally:
+                    tmp.unlink()
+                _fsync_dir(self.updates_dir)
+            except OSError:
+                return content_version
         for _ in range(100):  # another process may be writing it this instant
             text = path.read_text().strip()
             if text:
@@ -219,6 +226,15 @@ class LiveGraph:
     def topology(self) -> GraphSnapshot:
         """The current snapshot (immutable: hold it for a consistent view)."""
         return self.snapshot
+
+    def prepare_updates(self) -> None:
+        """Build the out-edge index invalidation walks in a background thread now, so
+        the first update does not pay for it (``O(E log E)`` once; later snapshots
+        splice it)."""
+        snapshot = self.snapshot
+        threading.Thread(
+            target=snapshot.ensure_out_edges, name="hopserve-csr", daemon=True
+        ).start()
 
     def track(self, kind: ModelKind) -> None:
         """Keep stale-since sequences for models of ``kind`` (see :meth:`stale_since`).
@@ -497,12 +513,13 @@ class LiveGraph:
             os.replace(tmp, self.updates_dir / BASE_FILE)
             _fsync_dir(self.updates_dir)
             with self._mutex:
-                old_dir = self.base_dir
                 self.log.rewrite(after=snap.seq)
                 self.base_dir, self.base_seq = target, snap.seq
                 self._base_store = None
-            if old_dir != self.path and old_dir != target:
-                shutil.rmtree(old_dir, ignore_errors=True)
+            for stray in self.updates_dir.iterdir():  # the old base, and any a crash left
+                name = stray.name.lstrip(".")  # .base-<seq>.tmp-*: a write cut short
+                if stray.is_dir() and stray != target and name.startswith("base-"):
+                    shutil.rmtree(stray, ignore_errors=True)
             log.info("compacted %s at sequence %d into %s", self.path, snap.seq, target)
             return snap.seq
         finally:

@@ -115,7 +115,7 @@ class GraphSnapshot(GraphTopology):
             self.__dict__["out_degrees"] = out_degrees
         if self_loops is not None:
             self.__dict__["self_loop_counts"] = self_loops
-        self.out_indptr, self.out_indices = out_csr if out_csr is not None else (None, None)
+        self._out_csr = out_csr  # one attribute: set atomically (a thread may build it)
 
     @classmethod
     def of(cls, topology: GraphTopology) -> GraphSnapshot:
@@ -143,16 +143,32 @@ class GraphSnapshot(GraphTopology):
             out[i] = j < seg.size and seg[j] == s
         return out
 
+    @property
+    def out_indptr(self) -> np.ndarray | None:
+        """CSR offsets ``[N+1]`` (out-edges), once built."""
+        return None if self._out_csr is None else self._out_csr[0]
+
+    @property
+    def out_indices(self) -> np.ndarray | None:
+        """CSR destinations ``[E]``, ascending per source, once built."""
+        return None if self._out_csr is None else self._out_csr[1]
+
+    @property
+    def out_csr(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(out_indptr, out_indices)`` read together, or ``None``."""
+        return self._out_csr
+
     def ensure_out_edges(self) -> None:
         """Build the CSR (once; later snapshots splice it)."""
-        if self.out_indptr is None:
-            self.out_indptr, self.out_indices = build_csr(self.indptr, self.indices, self.num_nodes)
+        if self._out_csr is None:
+            self._out_csr = build_csr(self.indptr, self.indices, self.num_nodes)
 
     def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
         """Out-neighbours of ``nodes`` (concatenated, with repeats)."""
         self.ensure_out_edges()
-        pos, _ = segment_positions(self.out_indptr, nodes)
-        return self.out_indices[pos].astype(np.int64, copy=False)
+        out_indptr, out_indices = self._out_csr
+        pos, _ = segment_positions(out_indptr, nodes)
+        return out_indices[pos].astype(np.int64, copy=False)
 
     @cached_property
     def sorted_external_order(self) -> np.ndarray:
@@ -246,9 +262,10 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
     out_deg += np.bincount(batch.add_src, minlength=n)
     out_deg -= np.bincount(removed_src, minlength=n)
     out_csr = None
-    if snap.out_indptr is not None:
+    old_csr = snap.out_csr
+    if old_csr is not None:
         o_ptr, o_idx, _ = splice_csc(
-            snap.out_indptr, snap.out_indices, n,
+            old_csr[0], old_csr[1], n,
             batch.remove_src, batch.remove_dst, batch.add_src, batch.add_dst,
         )  # fmt: skip
         out_csr = (o_ptr, o_idx)
