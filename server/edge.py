@@ -294,7 +294,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         namespace = CacheNamespace(
             model.name,
             model.version,
-            model.graph_version,
+            model.cache_graph_version,
             model.dim,
             variant=CacheNamespace.variant_for(key.fanouts, key.seed if key.fanouts else None),
         )
@@ -449,7 +449,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         ids = self._hot_rows(model).among(affected)[: self.refresh_hot_rows]
         if ids.size == 0:
             return 0
-        namespace = CacheNamespace(model.name, model.version, model.graph_version, model.dim)
+        namespace = CacheNamespace(model.name, model.version, model.cache_graph_version, model.dim)
 
         async def run() -> None:
             loop = asyncio.get_running_loop()

@@ -94,9 +94,15 @@ class ServedModel:
         return self.live.seq if self.live is not None else 0
 
     @property
+    def cache_graph_version(self) -> str:
+        """The graph component of cache keys: the folder's history (content hash + a token
+        per folder), so copies of one store that take other updates never share rows."""
+        return self.live.cache_version if self.live is not None else self.graph.version
+
+    @property
     def graph_version(self) -> str:
-        """Version of the graph served (a living graph's lineage version: the same at every
-        sequence, so cache keys and jobs keep naming it)."""
+        """Version of the graph served: the content hash of its original base store, the
+        same at every sequence (``graph_seq`` counts the updates on top)."""
         return self.live.lineage_version if self.live is not None else self.graph.version
 
     @property

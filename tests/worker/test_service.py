@@ -117,7 +117,7 @@ def test_worker_status_and_health(served):
     assert info.worker_id == "svc-worker" and info.device == "cpu"
     (model,) = info.models
     assert (model.name, model.version, model.dim, model.num_layers) == ("tiny", "1", 4, 2)
-    assert (model.graph_version.split(".")[0], model.graph_num_nodes) == (
+    assert (model.graph_version, model.graph_num_nodes) == (
         servable.store.version,
         servable.store.num_nodes,
     )

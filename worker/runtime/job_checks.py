@@ -65,12 +65,9 @@ def check_deadline(job: Job) -> None:
 
 
 def check_graph_version(job: Job, version: str) -> None:
-    """Raise :class:`GraphVersionMismatchError` if the job was planned on another graph.
-
-    A living graph's lineage version is ``"{content hash}.{token}"``; a job naming the
-    base's content hash alone is accepted too (its sequence is checked separately).
-    """
-    if job.graph_version and job.graph_version not in (version, version.split(".")[0]):
+    """Raise :class:`GraphVersionMismatchError` if the job was planned on another graph
+    (a living graph's sequence is checked separately)."""
+    if job.graph_version and job.graph_version != version:
         raise GraphVersionMismatchError(
             f"{_job(job)}: planned on graph version {quote(job.graph_version)}; model "
             f"{quote(job.model)} runs on {version!r}"

@@ -149,12 +149,13 @@ class LiveGraph:
         """Open the base in use (compacted or original) and replay the log on top."""
         base_dir, base_seq = self.path, 0
         pointer = self.updates_dir / BASE_FILE
-        lineage = self._lineage(GraphTopology.open(self.path).version)
+        lineage = GraphTopology.open(self.path).version
+        self.cache_version = self._history(lineage)
         if pointer.is_file():
             info = json.loads(pointer.read_text())
             base_dir, base_seq = self.updates_dir / info["dir"], int(info["seq"])
         topo = GraphTopology.open(base_dir)
-        self.lineage_version = lineage
+        self.lineage_version = lineage  # the original base's content hash
         self.base_dir, self.base_seq = base_dir, base_seq
         snap = GraphSnapshot(
             topo.meta, topo.indptr, topo.indices, topo.node_ids, base_dir,
@@ -170,14 +171,15 @@ class LiveGraph:
         for kind in list(self._stale):  # reopened: nothing cached before is trusted
             self._stale[kind] = np.full(self.snapshot.num_nodes, self.seq, np.int64)
 
-    def _lineage(self, content_version: str) -> str:
-        """The version naming this graph's history in cache keys and jobs.
+    def _history(self, content_version: str) -> str:
+        """The version naming this folder's history in cache keys.
 
         ``"{content hash}.{random token}"``, the token created once per folder (in
         ``updates/LINEAGE``, exclusively: every process of the service reads the same), so
         two folders built from the same data that then take different updates never share
         cached rows. A folder that cannot be written (it takes no updates) keeps the
-        content hash.
+        content hash. Jobs and answers name the content hash (:attr:`lineage_version`):
+        a worker holding its own copy of the base store serves the same graph.
         """
         path = self.updates_dir / LINEAGE_FILE
         if not path.is_file():
@@ -232,9 +234,7 @@ class LiveGraph:
         the first update does not pay for it (``O(E log E)`` once; later snapshots
         splice it)."""
         snapshot = self.snapshot
-        threading.Thread(
-            target=snapshot.ensure_out_edges, name="hopserve-csr", daemon=True
-        ).start()
+        threading.Thread(target=snapshot.ensure_out_edges, name="hopserve-csr", daemon=True).start()
 
     def track(self, kind: ModelKind) -> None:
         """Keep stale-since sequences for models of ``kind`` (see :meth:`stale_since`).
