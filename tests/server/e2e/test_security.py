@@ -284,9 +284,13 @@ def test_graph_updates_need_the_admin_scope(secured: Secured) -> None:
     from hopserve.client import AdminClient, InvalidArgumentError
 
     options = {"timeout": 20.0, "root_certificates": secured.pki.ca}
-    with AdminClient(secured.target, token=READ_TOKEN, **options) as reader:
-        with pytest.raises(PermissionDeniedError, match="needs scope 'admin'"):
-            reader.update_graph(MODEL, add_edges=([1], [2]))
-    with AdminClient(secured.target, token=ADMIN_TOKEN, **options) as admin:
-        with pytest.raises(InvalidArgumentError, match="node ID 1 is not in the graph"):
-            admin.update_graph(MODEL, add_edges=([1], [2]))
+    with (
+        AdminClient(secured.target, token=READ_TOKEN, **options) as reader,
+        pytest.raises(PermissionDeniedError, match="needs scope 'admin'"),
+    ):
+        reader.update_graph(MODEL, add_edges=([1], [2]))
+    with (
+        AdminClient(secured.target, token=ADMIN_TOKEN, **options) as admin,
+        pytest.raises(InvalidArgumentError, match="node ID 1 is not in the graph"),
+    ):
+        admin.update_graph(MODEL, add_edges=([1], [2]))
