@@ -172,3 +172,32 @@ def live_state(live) -> NaiveGraph:
     with live.reading():
         store = live.store()
         return NaiveGraph.of_snapshot(live.snapshot, store.features.numpy())
+
+
+# ---------------------------------------------------------------------------- child process
+CHILD = "from support.live_graph import child_main; child_main()"
+"""``python -c CHILD PATH SEED MODE UPTO`` (with ``tests/`` on ``sys.path``)."""
+
+
+def child_main() -> None:
+    """A writer process for the crash tests: opens the living graph at ``PATH`` with
+    features and applies the stream ``SEED`` from its current sequence up to ``UPTO``,
+    printing ``ack <seq>`` the moment each ``apply`` returns. ``MODE`` ``compact``
+    compacts after every batch (printing ``compacted <seq>``); ``mixed`` every fifth."""
+    import sys
+
+    from hopserve.worker.graph.live import LiveGraph
+
+    path, seed, mode, upto = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    live = LiveGraph(path, with_features=True)
+    print(f"open {live.seq}", flush=True)
+    g = live_state(live)
+    dim = live.snapshot.feature_dim
+    while live.seq < upto:
+        batch = stream_batch(seed, live.seq + 1, g, dim)
+        result = live.apply(batch)
+        print(f"ack {result.seq}", flush=True)
+        g.apply(batch)
+        if mode == "compact" or (mode == "mixed" and result.seq % 5 == 0):
+            print(f"compacted {live.compact()}", flush=True)
+    print("done", flush=True)

@@ -10,8 +10,16 @@ Record layout (little-endian)::
 
 :meth:`UpdateLog.append` writes one record and ``fsync`` s before returning: a batch is
 durable before it is acknowledged. A crash can leave at most one torn record at the end
-(a short or CRC-failing tail); :meth:`UpdateLog.open` cuts it off, so replay sees exactly
-the acknowledged batches, each whole. Sequences in the file are consecutive.
+(a short or CRC-failing tail); the first append of the next writer cuts it off, so replay
+sees exactly the acknowledged batches, each whole. Sequences in the file are consecutive.
+A damaged record followed by a whole one is not a torn write: every reader and the writer
+refuse the file (:class:`LogCorruptError`) rather than silently drop the records after it.
+
+Each :class:`UpdateLog` keeps the file it indexed open for reading: a compaction replaces
+the file (a new inode), and while the old one is held open its inode number cannot be
+reused by a later replacement, so comparing inode numbers is a reliable test of "rewritten"
+(without the handle, ext4 hands the freed number to the very next rewrite, and a reader
+two compactions behind read the new file at the old file's offsets).
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ class UpdateLog:
         self.path = Path(path)
         self._records: list[tuple[int, int, int]] = []  # (seq, offset, length) of payloads
         self._size = 0
-        self._fd: int | None = None
-        self._ino: int | None = None
+        self._fd: int | None = None  # appending
+        self._rfd: int | None = None  # reading: the file _records indexes, held open
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of _rfd
         self._owned = False  # this object appends: it may cut a torn tail
         self._scan(cut=False)
 
@@ -63,37 +72,54 @@ class UpdateLog:
         written, which is whole a moment later.
         """
         self._records, self._size = [], 0
-        if not self.path.exists():
+        if not self._open_reader():
             return
-        self._ino = os.stat(self.path).st_ino
-        data = self.path.read_bytes()
-        at, prev = 0, None
-        while at < len(data):
-            if len(data) - at < _HEAD.size:
-                break
-            magic, seq, length, crc = _HEAD.unpack_from(data, at)
-            end = at + _HEAD.size + length
-            if magic != _MAGIC or end > len(data):
-                break
-            payload = data[at + _HEAD.size : end]
-            if _crc(seq, payload) != crc:
-                break
-            if prev is not None and seq != prev + 1:
-                raise LogCorruptError(f"{self.path}: sequence {seq} follows {prev}")
-            self._records.append((seq, at + _HEAD.size, length))
-            prev, at = seq, end
+        data = _read_from(self._rfd, 0)
+        records, at = self._index(data, 0, None)
+        self._records = records
         if at < len(data) and cut:
             rest = data[at:]
-            if _MAGIC in rest[1:] and self._later_record(rest):
-                raise LogCorruptError(
-                    f"{self.path}: damaged record at byte {at} followed by more records"
-                )
             log.warning("%s: cutting a torn record (%d bytes) off the end", self.path, len(rest))
             with open(self.path, "r+b") as f:
                 f.truncate(at)
                 f.flush()
                 os.fsync(f.fileno())
         self._size = at
+
+    def _open_reader(self) -> bool:
+        """(Re)open the file for reading; False when there is no file."""
+        self._close_reader()
+        try:
+            self._rfd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._ident = None
+            return False
+        st = os.fstat(self._rfd)
+        self._ident = (st.st_dev, st.st_ino)
+        return True
+
+    def _index(
+        self, data: bytes, base: int, prev: int | None
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """The whole records at the start of ``data`` (file offset ``base``) and where they
+        end. A damaged record followed by a whole one raises :class:`LogCorruptError`."""
+        records, at = [], 0
+        while len(data) - at >= _HEAD.size:
+            magic, seq, length, crc = _HEAD.unpack_from(data, at)
+            end = at + _HEAD.size + length
+            if magic != _MAGIC or end > len(data):
+                break
+            if _crc(seq, data[at + _HEAD.size : end]) != crc:
+                break
+            if prev is not None and seq != prev + 1:
+                raise LogCorruptError(f"{self.path}: sequence {seq} follows {prev}")
+            records.append((seq, base + at + _HEAD.size, length))
+            prev, at = seq, end
+        if at < len(data) and self._later_record(data[at:]):
+            raise LogCorruptError(
+                f"{self.path}: damaged record at byte {base + at} followed by more records"
+            )
+        return records, at
 
     @staticmethod
     def _later_record(rest: bytes) -> bool:
@@ -133,37 +159,29 @@ class UpdateLog:
         """
         if upto is not None and (self.last_seq or 0) < upto:
             self._refresh()
-        if not self._records:
+        if not self._records or self._rfd is None:
             return
-        with open(self.path, "rb") as f:
+        fd = os.dup(self._rfd)  # the indexed file, even if a compaction replaces it meanwhile
+        try:
             for seq, offset, length in list(self._records):
                 if seq <= after or (upto is not None and seq > upto):
                     continue
-                f.seek(offset)
-                yield seq, f.read(length)
+                yield seq, os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
 
     def _refresh(self) -> None:
         """Index records another process appended (never cuts: the writer owns the tail)."""
-        if not self.path.exists():
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
             return
-        if os.stat(self.path).st_ino != self._ino:  # rewritten by a compaction
+        if (st.st_dev, st.st_ino) != self._ident or self._rfd is None:  # rewritten
             self._scan(cut=False)
             return
-        with open(self.path, "rb") as f:
-            f.seek(self._size)
-            data = f.read()
-        at, prev = 0, self.last_seq
-        while len(data) - at >= _HEAD.size:
-            magic, seq, length, crc = _HEAD.unpack_from(data, at)
-            end = at + _HEAD.size + length
-            if magic != _MAGIC or end > len(data):
-                break
-            if _crc(seq, data[at + _HEAD.size : end]) != crc:
-                break
-            if prev is not None and seq != prev + 1:
-                raise LogCorruptError(f"{self.path}: sequence {seq} follows {prev}")
-            self._records.append((seq, self._size + at + _HEAD.size, length))
-            prev, at = seq, end
+        data = _read_from(self._rfd, self._size)
+        records, at = self._index(data, self._size, self.last_seq)
+        self._records.extend(records)
         self._size += at
 
     # ------------------------------------------------------------------ writing
@@ -186,9 +204,13 @@ class UpdateLog:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             if new:
                 _fsync_dir(self.path.parent)
+            if self._rfd is None:  # this append creates the file: index it from here on
+                self._open_reader()
         record = _HEAD.pack(_MAGIC, seq, len(payload), _crc(seq, payload)) + payload
         try:
-            os.write(self._fd, record)
+            written = os.write(self._fd, record)
+            if written != len(record):  # a short write (disk full): the record is torn
+                raise OSError(f"{self.path}: wrote {written} of {len(record)} bytes")
             os.fsync(self._fd)
         except OSError:
             os.ftruncate(self._fd, self._size)
@@ -212,10 +234,33 @@ class UpdateLog:
         self._scan(cut=True)
 
     def close(self) -> None:
-        """Close the file (a later append reopens it)."""
+        """Close the file for appending (a later append reopens it)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _close_reader(self) -> None:
+        if self._rfd is not None:
+            os.close(self._rfd)
+            self._rfd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+            self._close_reader()
+        except (AttributeError, OSError):  # half-built, or at interpreter exit
+            pass
+
+
+def _read_from(fd: int, offset: int) -> bytes:
+    """The file's bytes from ``offset`` to its end."""
+    chunks = []
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
 
 
 def _fsync_dir(path: Path) -> None:
