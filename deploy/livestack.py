@@ -191,6 +191,8 @@ class Load:
     stream_every: int = 10
     corrupt: Callable[[], None] | None = None
     corrupt_every: int = 100
+    update_every: int = 20  # client 0 adds an edge every this many requests (0 = never)
+    compact_every: int = 5  # ... and compacts every this many updates
     phases: list[tuple[float, int]] | None = None  # (seconds from start, concurrency) steps
     zipf_a: float = 1.0
     seed: int = 0
@@ -261,9 +263,31 @@ class Load:
                 concurrency = level
         return index < concurrency
 
+    async def _update(self, admin: Any, rng: np.random.Generator, count: int) -> None:
+        """One graph update (an edge between two existing nodes), and a compaction every
+        ``compact_every`` updates: the graph-update panels get data."""
+        src, dst = rng.choice(self.node_ids, size=(2, 1))
+        await admin.update_graph(MODEL, add_edges=(src, dst))
+        if self.compact_every and count % self.compact_every == 0:
+            await admin.compact_graph(MODEL)
+
     async def _client_loop(
         self, client: Any, sampler: Any, bad_id: int, index: int, started: float
     ) -> None:
+        from hopserve.client.admin import AsyncAdminClient
+
+        updates, rng = 0, np.random.default_rng(self.seed + index)
+        admin = AsyncAdminClient(self.target, timeout=30.0) if index == 0 else None
+        try:
+            await self._loop(client, sampler, bad_id, index, started, admin, rng, updates)
+        finally:
+            if admin is not None:
+                await admin.close()
+
+    async def _loop(  # noqa: PLR0913 - the loop's state
+        self, client: Any, sampler: Any, bad_id: int, index: int, started: float,
+        admin: Any, rng: np.random.Generator, updates: int,
+    ) -> None:  # fmt: skip
         from hopserve.client.errors import HopserveError
 
         while not self._stop.is_set():
@@ -290,6 +314,9 @@ class Load:
                 self.counts.add("ok")
             if self.corrupt is not None and n % self.corrupt_every == 0:
                 await asyncio.to_thread(self.corrupt)
+            if admin is not None and self.update_every and n % self.update_every == 0:
+                updates += 1
+                await self._update(admin, rng, updates)
             await asyncio.sleep(self.pause_s)
 
 
