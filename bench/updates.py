@@ -233,7 +233,8 @@ def model_swap_note() -> str:
             swaps = ", ".join(f"{s['load_s']:.2f}" for s in d["swaps"])
             return (
                 f"Measured by `bench/model_swap.py`, not repeated here (its own run, "
-                f"revision {str(d.get('revision', '?'))[:10]}): {a['swaps']} swaps (LoadModel "
+                f"revision {str((d.get('revision') or {}).get('commit', '?'))[:10]}): "
+                f"{a['swaps']} swaps (LoadModel "
                 f"of the next version as default, UnloadModel of the old) under {a['rate']:g} "
                 f"requests/s on a {a['nodes']:,}-node graph: {t['failed']} failed and "
                 f"{t['wrong_version_rows']} wrong-version answers of {t['requests']:,}; "

@@ -100,7 +100,8 @@ class Records:
     """What one phase observed."""
 
     queries: list[tuple] = field(default_factory=list)
-    """(scheduled, start, end, model index, hot, targets, hits, code, graph_seq)."""
+    """(scheduled, start, end, model index, hot, targets, hits, code, graph_seq, server
+    timing by stage)."""
     updates: list[tuple] = field(default_factory=list)
     """(start, end, mutations, added, removed, rows invalidated, graph_seq, code)."""
     checks: list[tuple] = field(default_factory=list)
@@ -191,11 +192,11 @@ async def _query(ctx: Context, req: Request, sched: float, rec: Records) -> None
         res = await ctx.emb.get_embeddings_with_info(req.model, req.ids, timeout=ctx.timeout)
     except Exception as err:  # HopserveError (a status) or a client-side failure
         rec.queries.append((sched, start, loop.time(), model, req.hot, req.ids.size, 0,
-                            _code(err), -1))  # fmt: skip
+                            _code(err), -1, {}))  # fmt: skip
         rec.first_error = rec.first_error or f"query: {err}"
         return
     rec.queries.append((sched, start, loop.time(), model, req.hot, req.ids.size, res.cache_hits,
-                        "OK", res.graph_seq))  # fmt: skip
+                        "OK", res.graph_seq, res.timing))  # fmt: skip
 
 
 async def _updates(
@@ -360,6 +361,12 @@ def _query_stats(rows: list[tuple], duration: float) -> dict[str, Any]:
     cold = [r for r in rows if not r[4]]
     cold_targets = sum(r[5] for r in cold)
     p = pct(lat, (50, 95, 99))
+    stages: dict[str, float] = {}
+    for r in rows:
+        for key, seconds in r[9].items():
+            stages[key] = stages.get(key, 0.0) + seconds * 1e3 / len(rows)
+    if rows:  # client latency the server's stages do not account for (network, waits)
+        stages["outside_server"] = float(np.mean(lat)) - stages.get("total", 0.0)
     return {
         "ok": len(rows),
         "qps": len(rows) / duration,
@@ -371,6 +378,8 @@ def _query_stats(rows: list[tuple], duration: float) -> dict[str, Any]:
         "hit_ratio": sum(r[6] for r in rows) / targets if targets else math.nan,
         "hot_hit_ratio": sum(r[6] for r in hot) / hot_targets if hot_targets else math.nan,
         "zipf_hit_ratio": sum(r[6] for r in cold) / cold_targets if cold_targets else math.nan,
+        "mean_ms": float(lat.mean()) if lat.size else math.nan,
+        "stages_mean_ms": stages,
     }
 
 

@@ -208,17 +208,26 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
         idle = _get(cfg, "phases", "idle", "queries", "p99_ms")
         for ph in cfg["phases"].values():
             q = ph["queries"]
+            u = ph.get("updates")
             rows.append([
-                LABELS[name], _rate_label(ph["update_rate"]), f"{q['ok']} / {q['sent']}",
+                LABELS[name], _rate_label(ph["update_rate"]),
+                _num(u["mutations_per_s"]) if u else "-",
+                f"{_ms(u['ack_ms']['p50'])} / {_ms(u['ack_ms']['p99'])}" if u else "-",
+                f"{q['ok']} / {q['sent']}",
                 _ms(q["p50_ms"]), _ms(q["p99_ms"]), f"{q['p99_ms'] / idle:.1f}×",
                 f"{_ms(q['sage']['p50_ms'])} / {_ms(q['sage']['p99_ms'])}",
                 f"{_ms(q['gcn']['p50_ms'])} / {_ms(q['gcn']['p99_ms'])}",
                 _errors(ph),
             ])  # fmt: skip
+    lines += [
+        "Per phase: the update rate asked and achieved, the acknowledgement time of a batch, "
+        "and the queries (ms, from the scheduled arrival).",
+        "",
+    ]
     lines += harness.markdown_table(
-        ["configuration", "updates/s", "ok / sent", "p50 (ms)", "p99 (ms)", "p99 vs idle",
-         "sage p50 / p99", "gcn p50 / p99", "errors"],
-        rows, "lrrrrrrrl",
+        ["configuration", "updates/s", "achieved", "ack p50 / p99 (ms)", "queries ok / sent",
+         "p50", "p99", "p99 vs idle", "sage p50 / p99", "gcn p50 / p99", "errors"],
+        rows, "lrrrrrrrrrl",
     )  # fmt: skip
 
     # -- hit ratio
@@ -235,6 +244,8 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
     cached = [n for n in configs if n != "none"]
     headers = ["updates/s"] + [LABELS[n] for n in configs]
     headers += [f"hot: {LABELS[n]}" for n in cached]
+    per_model = [n for n in ("exact", "flush") if n in configs]
+    headers += [f"{LABELS[n]}: sage / gcn" for n in per_model]
     rows = []
     for rate in rates:
         row = [_rate_label(rate)]
@@ -242,6 +253,14 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
             for n in names:
                 ph = _phase_at(configs[n], rate)
                 row.append(_ratio(_get(ph, "queries", key)) if ph else "")
+        for n in per_model:
+            ph = _phase_at(configs[n], rate)
+            row.append(
+                f"{_ratio(_get(ph, 'queries', 'sage', 'hit_ratio'))} / "
+                f"{_ratio(_get(ph, 'queries', 'gcn', 'hit_ratio'))}"
+                if ph
+                else ""
+            )
         rows.append(row)
     lines += harness.markdown_table(headers, rows, "l" + "r" * (len(headers) - 1))
 
@@ -268,11 +287,12 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
                 _num(r["p50"]), _num(r["p90"]), _num(r["p99"]), _num(r["max"]),
                 _num(r["per_mutation"]), _num(r["per_s"]),
                 f"{_ms(u['ack_ms']['p50'])} / {_ms(u['ack_ms']['p99'])}",
+                _ms(u["server_apply_ms_mean"]),
             ])  # fmt: skip
         lines += harness.markdown_table(
             ["updates/s", "batches", "mutations/batch", "rows p50", "p90", "p99", "max",
-             "rows/mutation", "rows/s", "ack p50 / p99 (ms)"],
-            rows, "lrrrrrrrrr",
+             "rows/mutation", "rows/s", "ack p50 / p99 (ms)", "server apply mean (ms)"],
+            rows, "lrrrrrrrrrr",
         )  # fmt: skip
         hubs = ex.get("hubs") or []
         if hubs:
@@ -301,7 +321,8 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
                 f"{int(k):,}", _ms(c["resolve_s"] * 1e3), _ms(c["splice_s"] * 1e3),
                 _ms(c["log_fsync_s"] * 1e3),
                 f"{_ms(c['invalidate_sage_s'] * 1e3)} / {_ms(c['invalidate_gcn_s'] * 1e3)}",
-                f"{c['rows_sage']:,.0f} / {c['rows_gcn']:,.0f}", _ms(c["total_s"] * 1e3),
+                f"{c['rows_sage']:,.0f} / {c['rows_gcn']:,.0f}",
+                f"{c['rows_gcn_in_degree']:,.0f}", _ms(c["total_s"] * 1e3),
                 _num(int(k) / c["total_s"]),
             ])  # fmt: skip
         for name, c in cost["hubs"].items():
@@ -309,12 +330,14 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
                 name, _ms(c["resolve_s"] * 1e3), _ms(c["splice_s"] * 1e3),
                 _ms(c["log_fsync_s"] * 1e3),
                 f"{_ms(c['invalidate_sage_s'] * 1e3)} / {_ms(c['invalidate_gcn_s'] * 1e3)}",
-                f"{c['rows_sage']:,} / {c['rows_gcn']:,}", _ms(c["total_s"] * 1e3), "",
+                f"{c['rows_sage']:,} / {c['rows_gcn']:,}", f"{c['rows_gcn_in_degree']:,}",
+                _ms(c["total_s"] * 1e3), "",
             ])  # fmt: skip
         lines += harness.markdown_table(
             ["edges/batch", "resolve", "splice CSC+CSR", "log append + fsync",
-             "invalidation sage / gcn", "rows sage / gcn", "total", "edges/s (this size)"],
-            rows, "lrrrrrrr",
+             "invalidation sage / gcn", "rows sage / gcn", "gcn rows, in-degrees only",
+             "total", "edges/s (this size)"],
+            rows, "lrrrrrrrr",
         )  # fmt: skip
         gp = cost["gcn_prepare"]
         lines += [
@@ -324,8 +347,49 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
             f"A GCN layer's whole-graph normalization (`GCNAdapter.prepare`, once per new "
             f"graph sequence before the first GCN job on it): {gp['first_s'] * 1e3:,.0f} ms "
             f"at load, {gp['per_new_sequence_s'] * 1e3:,.0f} ms per new sequence "
-            f"(× {gp['layers']} layers).",
+            f"(× {gp['layers']} layers). *gcn rows, in-degrees only*: the GCN set if only "
+            f"the destinations' degrees counted — PyG's `gcn_norm` normalizes by in-degrees, "
+            f"so a new edge does not change its source's normalization; the service also "
+            f"invalidates the sources' out-neighbourhoods (`invalidation.py`: out-degrees, "
+            f"which DGL's `GraphConv` reads).",
         ]
+
+    # -- query stages
+    stage_keys = ("cache_lookup", "queue_wait", "planning", "prepare", "compute", "transfer")
+    rows = []
+    for name in ("none", "exact"):
+        cfg = configs.get(name)
+        if not cfg:
+            continue
+        for ph in cfg["phases"].values():
+            q = ph["queries"]
+            st = q.get("stages_mean_ms") or {}
+            rows.append(
+                [LABELS[name], _rate_label(ph["update_rate"]), _ms(q["mean_ms"])]
+                + [_ms(st.get(k, math.nan)) for k in stage_keys]
+                + [
+                    _ms(st.get("total", math.nan)),
+                    _ms(st.get("total", math.nan) - sum(st.get(k, 0.0) for k in stage_keys)),
+                    _ms(st.get("outside_server", math.nan)),
+                ]
+            )
+    if rows:
+        lines += [
+            "",
+            "## Where a query's time goes",
+            "",
+            "Mean per request (ms): the server's own stage timings (`EmbeddingResult.timing`), "
+            "its total's part in no stage (waiting for the graph's lock, planning again after "
+            "the graph moved on, ...) and the rest of the client-measured latency (from the scheduled arrival: "
+            "network, the client's event loop, and the front-end's event loop before the "
+            "request is parsed).",
+            "",
+        ]
+        lines += harness.markdown_table(
+            ["configuration", "updates/s", "latency mean", *stage_keys, "server total",
+             "server, in no stage", "outside the server"],
+            rows, "l" + "r" * 11,
+        )  # fmt: skip
 
     # -- staleness
     lines += [
