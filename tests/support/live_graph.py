@@ -167,6 +167,44 @@ def stream_batch(seed: int, seq: int, g: NaiveGraph, dim: int) -> MutationBatch:
     return random_batch(random.Random(seed * 1_000_003 + seq), g, dim, key=f"s{seed}-{seq}")
 
 
+class Expected:
+    """The stream ``seed`` replayed on a pristine store, one state per sequence (cached)."""
+
+    def __init__(self, pristine: str | Path, seed: int, dim: int) -> None:
+        from hopserve import GraphStore
+
+        self.seed, self.dim = seed, dim
+        self.states = [NaiveGraph.of_store(GraphStore.open(pristine))]
+
+    def at(self, seq: int) -> NaiveGraph:
+        while len(self.states) <= seq:
+            g = self.states[-1].copy()
+            g.apply(stream_batch(self.seed, len(self.states), g, self.dim))
+            self.states.append(g)
+        return self.states[seq]
+
+
+def assert_same(got: NaiveGraph, want: NaiveGraph, what: str) -> None:
+    """Same node IDs in the same storage order, same edge multiset, same features."""
+    assert got.ids == want.ids, f"{what}: node IDs"
+    assert got.edges == want.edges, f"{what}: edges"
+    for v in want.ids:
+        np.testing.assert_array_equal(got.features[v], want.features[v], err_msg=f"{what}: {v}")
+
+
+def digest(g: NaiveGraph) -> tuple:
+    """A few numbers that differ between any two states of a stream (for a reader that
+    checks many snapshots quickly, or reports to its parent): node count, edge count, an
+    edge-multiset checksum and a feature checksum weighted by node (exact: the same
+    float32 values summed in the same order give the same float64)."""
+    edges = sum(c * ((s * 1_000_003 + d) % 998_244_353) for (s, d), c in g.edges.items())
+    ids = sorted(g.ids)
+    feats = np.stack([g.features[v] for v in ids]).astype(np.float64)
+    weights = np.array([(v % 97) + 1 for v in ids], dtype=np.float64)
+    order = sum(i * v for i, v in enumerate(g.ids)) % 998_244_353  # storage order of the IDs
+    return (len(ids), sum(g.edges.values()), edges, order, float((feats.T * weights).sum()))
+
+
 def live_state(live) -> NaiveGraph:
     """The living graph's current state (features included) as a naive model."""
     with live.reading():
@@ -201,3 +239,31 @@ def child_main() -> None:
         if mode == "compact" or (mode == "mixed" and result.seq % 5 == 0):
             print(f"compacted {live.compact()}", flush=True)
     print("done", flush=True)
+
+
+READER = "from support.live_graph import reader_main; reader_main()"
+"""``python -c READER PATH`` (with ``tests/`` on ``sys.path``): a worker-like reader."""
+
+
+def reader_main() -> None:
+    """A worker-like process: opens the living graph at ``PATH`` with features (through
+    ``open_live``) and answers ``read <seq>`` lines on stdin with ``state <seq> <digest>``
+    of ``reading(seq)`` (``now`` = its current sequence), or ``error <type> <message>``."""
+    import sys
+
+    from hopserve.worker.graph.live import open_live
+
+    live = open_live(sys.argv[1], with_features=True)
+    print(f"open {live.seq}", flush=True)
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd != "read":
+            break
+        seq = None if args[0] == "now" else int(args[0])
+        try:
+            with live.reading(seq) as snap:
+                g = NaiveGraph.of_snapshot(snap, live.store().features.numpy())
+            print("state", snap.seq, *digest(g), flush=True)
+        except Exception as err:  # reported to the parent, which decides
+            message = str(err).replace("\n", " ")
+            print("error", type(err).__name__, message, flush=True)

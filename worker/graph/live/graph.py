@@ -166,6 +166,8 @@ class LiveGraph:
         self._base_store = None
         self._features = None
         self.snapshot = snap
+        if self.with_features:  # map its files now: a later compaction deletes the folder
+            self._base()
         self.log = UpdateLog(self.updates_dir / LOG_FILE)
         self._replay(self.log.last_seq or base_seq)
         for kind in list(self._stale):  # reopened: nothing cached before is trusted

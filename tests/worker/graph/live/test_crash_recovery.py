@@ -30,7 +30,9 @@ import numpy as np
 import pytest
 from support.live_graph import (
     CHILD,
+    Expected,
     NaiveGraph,
+    assert_same,
     build_store,
     live_state,
     stream_batch,
@@ -109,29 +111,6 @@ class Child:
         return [int(line.split()[1]) for line in self.seen if line.startswith("ack ")]
 
 
-class Expected:
-    """The stream replayed on the pristine graph, one state per sequence (cached)."""
-
-    def __init__(self, pristine: Path) -> None:
-        from hopserve import GraphStore
-
-        self.states = [NaiveGraph.of_store(GraphStore.open(pristine))]
-
-    def at(self, seq: int) -> NaiveGraph:
-        while len(self.states) <= seq:
-            g = self.states[-1].copy()
-            g.apply(stream_batch(SEED, len(self.states), g, DIM))
-            self.states.append(g)
-        return self.states[seq]
-
-
-def assert_same(got: NaiveGraph, want: NaiveGraph, what: str) -> None:
-    assert got.ids == want.ids, f"{what}: node IDs"
-    assert got.edges == want.edges, f"{what}: edges"
-    for v in want.ids:
-        np.testing.assert_array_equal(got.features[v], want.features[v], err_msg=f"{what}: {v}")
-
-
 def check_recovered(path: Path, expected: Expected, floor: int, acked: list[int]) -> int:
     """Reopen ``path`` in a fresh LiveGraph and check it; returns its sequence."""
     forget_live()
@@ -154,7 +133,7 @@ def run_rounds(graph: Path, pristine: Path, plans: list[tuple[str, str, int, flo
     """Kill a writer once per plan ``(mode, wait_for, count, delay)``: after ``count``
     lines starting with ``wait_for`` (``count`` 0: right after the spawn) and ``delay``
     seconds more. Returns the final sequence."""
-    expected = Expected(pristine)
+    expected = Expected(pristine, SEED, DIM)
     seq = 0
     for mode, prefix, count, delay in plans:
         child = Child(graph, mode, upto=seq + 500)
@@ -180,7 +159,7 @@ def test_kill_during_a_stream_of_updates(graph: Path, pristine: Path) -> None:
     state = live_state(live)
     batch = stream_batch(SEED, seq + 1, state, DIM)
     assert live.apply(batch).seq == seq + 1
-    expected = Expected(pristine)
+    expected = Expected(pristine, SEED, DIM)
     forget_live()
     assert check_recovered(graph, expected, seq + 1, [seq + 1]) == seq + 1
     # and the whole history equals the same stream applied by LiveGraph to a pristine copy
@@ -215,7 +194,7 @@ def test_kill_during_compaction(graph: Path, pristine: Path) -> None:
     assert bases == [f"base-{seq:012d}"], bases
     assert live.info()["log_batches"] == 0 and live.info()["base_seq"] == seq
     forget_live()
-    assert check_recovered(graph, Expected(pristine), seq, []) == seq
+    assert check_recovered(graph, Expected(pristine, SEED, DIM), seq, []) == seq
 
 
 # ------------------------------------------------------------------ torn and damaged logs
