@@ -132,6 +132,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=None, help="graph/weights cache (data/; quick: temp)")
     p.add_argument("--out", default=None, help="output folder (bench/results; quick: temp)")
     p.add_argument("--keep-work", action="store_true", help="keep the work dir (server logs)")
+    p.add_argument(
+        "--render",
+        metavar="JSON",
+        default=None,
+        help="measure nothing: write the .md and .png again from a run's .json (beside it)",
+    )
+    p.add_argument(
+        "--notes",
+        metavar="FILE",
+        default=None,
+        help="observations for the report, one per paragraph (with --render or a run)",
+    )
     args = p.parse_args(argv)
     q = args.quick
     defaults = {
@@ -248,8 +260,47 @@ def model_swap_note() -> str:
     return "Not measured here: `bench/model_swap.py` did not exist when this ran."
 
 
+def read_notes(path: str | None) -> list[str]:
+    """Observations from a text file: paragraphs separated by blank lines."""
+    if not path:
+        return []
+    text = Path(path).read_text()
+    return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+
+
+def render(json_path: Path, notes: list[str]) -> int:
+    """Write the report and the figure again from a run's summary (and new notes)."""
+    import json
+
+    summary = revive(json.loads(json_path.read_text()))
+    if notes:
+        summary["observations"] = notes
+    summary["goals"] = goals(summary)
+    prefix = json_path.stem
+    lines = markdown(summary, f"{prefix}.png")
+    harness.write_outputs(json_path.parent, prefix, summary, lines, lambda p: plot(p, summary))
+    return 0
+
+
+def revive(obj: Any, key: str = "") -> Any:
+    """A summary read back from JSON: ``null`` numbers are NaN again (``max`` phases'
+    update rate: infinity), except where ``None`` is meant."""
+    if isinstance(obj, dict):
+        out = {k: revive(v, k) for k, v in obj.items()}
+        if "update_rate" in out and math.isnan(out["update_rate"]):
+            out["update_rate"] = math.inf
+        return out
+    if isinstance(obj, list):
+        return [revive(v, key) for v in obj]
+    if obj is None and key not in ("quiet", "met", "last_seq", "cold_start"):
+        return math.nan
+    return obj
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render(Path(args.render), read_notes(args.notes))
     started = time.monotonic()
 
     def on_sigterm(signum: int, _frame: object) -> None:
@@ -332,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_swap": model_swap_note(),
         "command": "python bench/updates.py " + " ".join(map(shlex.quote, argv or sys.argv[1:])),
         "wall_s": time.monotonic() - started,
+        "observations": read_notes(args.notes),
     })  # fmt: skip
     summary["goals"] = goals(summary)
     lines = markdown(summary, f"{prefix}.png")
