@@ -84,6 +84,7 @@ def job_to_proto(job: Job) -> worker_pb2.JobRequest:
         graph_seq=job.graph_seq,
         targets=encode_indices(np.asarray(job.targets)),
         delta=job.delta,
+        updates=list(job.updates),
     )
     if job.frontiers is not None:
         if len(job.frontiers) == 0:
@@ -143,6 +144,7 @@ def job_from_proto(msg: worker_pb2.JobRequest) -> Job:
         graph_version=msg.graph_version,
         graph_seq=int(msg.graph_seq),
         delta=bytes(msg.delta),
+        updates=tuple(bytes(u) for u in msg.updates),
     )
 
 

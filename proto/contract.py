@@ -147,6 +147,9 @@ class Job:
     delta: bytes = b""
     """A request-scoped graph delta resolved at ``graph_seq`` (the update log's record
     encoding): the job runs on graph + delta, nothing is stored. Empty = none."""
+    updates: tuple[bytes, ...] = ()
+    """Update-log records ending at ``graph_seq`` for a worker with its own copy of the
+    graph folder (it appends the ones it lacks, then evaluates). Empty = none."""
 
 
 def time_left(job: Job, now: float | None = None) -> float | None:

@@ -14,7 +14,9 @@ monotone in the target set, so the union's frontiers contain each request's own.
 
 A living graph is planned on its current snapshot and the job names that sequence; a
 worker that has applied a later update refuses it (``GraphVersionMismatchError``) and the
-batch is planned again on the newer snapshot (up to :data:`MAX_REPLANS` times).
+batch is planned again on the newer snapshot (up to :data:`MAX_REPLANS` times). A worker
+that is behind and cannot catch up from the folder (its own copy, on another machine)
+refuses it too; the next attempt carries the update-log records, which it appends.
 Sampling batches are not planned here: the job carries fanouts and seed, and the worker
 samples (keyed per node and layer, so where the sample is drawn does not matter).
 """
@@ -90,11 +92,14 @@ class ModelPipeline:
         """The batcher's runner: plan the union once, run one job, record its stats."""
         model, metrics = self.model, self.metrics
         loop = asyncio.get_running_loop()
+        behind = False  # a worker refused the last plan: ship the log records with it
         for attempt in range(MAX_REPLANS):
             topology = topology_of(model)
             plan, planned_s = await asyncio.to_thread(
                 plan_batch, model, targets, key, metrics, topology
             )
+            seq = int(getattr(topology, "seq", 0))
+            updates = await asyncio.to_thread(model.live.records, seq) if behind and seq else ()
             job = Job(
                 job_id=f"{model.name}-{next(self._job_ids)}",
                 model=model.name,
@@ -105,7 +110,8 @@ class ModelPipeline:
                 seed=None if key.exact else key.seed,
                 deadline=time.time() + max(0.0, deadline - loop.time()),
                 graph_version=model.graph_version,
-                graph_seq=int(getattr(topology, "seq", 0)),
+                graph_seq=seq,
+                updates=updates,
             )
             start = time.perf_counter()
             try:
@@ -114,12 +120,12 @@ class ModelPipeline:
             except asyncio.CancelledError:
                 metrics.worker_jobs.labels(self._worker_hint, "cancelled").inc()
                 raise
-            except GraphVersionMismatchError as exc:
+            except GraphVersionMismatchError:
                 metrics.worker_jobs.labels(self._worker_hint, "replanned").inc()
                 if attempt + 1 == MAX_REPLANS or getattr(model, "live", None) is None:
                     raise
                 await asyncio.to_thread(model.live.catch_up)  # planned on an old snapshot
-                del exc
+                behind = True
             except JobError as exc:
                 metrics.worker_jobs.labels(self._worker_hint, _job_outcome(exc)).inc()
                 raise
@@ -154,9 +160,12 @@ class ModelPipeline:
         (target order) and the graph sequence they were computed at.
         """
         model, loop = self.model, asyncio.get_running_loop()
+        behind = False
         for attempt in range(MAX_REPLANS):
             topology = topology_of(model)
             delta, extended, storage = await asyncio.to_thread(resolve_at, topology)
+            seq = int(topology.seq)
+            updates = await asyncio.to_thread(model.live.records, seq) if behind and seq else ()
             targets = np.unique(storage)
             plan = await asyncio.to_thread(
                 plan_frontiers, extended, targets, model.num_layers,
@@ -170,8 +179,9 @@ class ModelPipeline:
                 frontiers=plan.frontiers if model.plans_frontiers else None,
                 deadline=time.time() + max(0.0, deadline - loop.time()),
                 graph_version=model.graph_version,
-                graph_seq=int(topology.seq),
+                graph_seq=seq,
                 delta=delta,
+                updates=updates,
             )
             try:
                 result = await self.dispatcher.run(job)
@@ -180,6 +190,7 @@ class ModelPipeline:
                 if attempt + 1 == MAX_REPLANS:
                     raise
                 await asyncio.to_thread(model.live.catch_up)
+                behind = True
                 continue
             self.metrics.worker_jobs.labels(result.worker or self._worker_hint, "ok").inc()
             rows = result.embeddings[np.searchsorted(targets, storage)]

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JobRequest(_message.Message):
-    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s", "graph_seq", "delta")
+    __slots__ = ("job_id", "model", "model_version", "graph_version", "targets", "frontiers", "fanouts", "seed", "deadline_unix_s", "graph_seq", "delta", "updates")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class JobRequest(_message.Message):
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     model_version: str
@@ -32,7 +33,8 @@ class JobRequest(_message.Message):
     deadline_unix_s: float
     graph_seq: int
     delta: bytes
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ..., delta: _Optional[bytes] = ...) -> None: ...
+    updates: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ..., delta: _Optional[bytes] = ..., updates: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LayerStats(_message.Message):
     __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free")

@@ -123,6 +123,15 @@ class LoadedModel:
             return
         seq = job.graph_seq if job.graph_version else None
         try:
+            if job.updates and seq is not None and seq > self.live.seq:
+                self.live.catch_up(seq)  # a shared folder has them already
+                if seq > self.live.seq:  # a copy of the folder: append the shipped ones
+                    try:
+                        self.live.ingest(job.updates)
+                    except (ValueError, struct.error) as err:
+                        raise InvalidJobError(
+                            f"job {clip(job.job_id)}: bad update record: {err}"
+                        ) from None
             if job.delta:  # cold start: graph + the request's own nodes and edges
                 try:
                     delta = decode_delta(job.delta, self.live.topology.feature_dim)

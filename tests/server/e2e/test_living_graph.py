@@ -14,6 +14,7 @@ from the cache (queries are asked twice: computed, then cached).
 from __future__ import annotations
 
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -419,3 +420,87 @@ def test_the_sdk_asks_with_a_delta_and_for_footprints(
         assert result.cache_hits == 0 and result.graph_seq == 0
     finally:
         server.stop()
+
+
+def test_a_remote_worker_with_its_own_copy_of_the_graph_follows_the_updates(
+    graph_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """A worker on "another machine" (its own copy of the graph folder, no shared log)
+    refuses a job planned past its sequence; the retried job carries the update-log
+    records, which it appends to its own log: rows exact after every update, and it
+    keeps them across its restart."""
+    import subprocess
+    import sys
+
+    import yaml
+    from support.processes import child_env
+
+    from hopserve.testing import wait_for_port
+
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    shutil.copytree(graph_dir, remote / "graph", ignore=shutil.ignore_patterns("updates"))
+    port = free_port()
+    entries = []
+    for name, (entrypoint, kwargs) in MODELS.items():
+        weights = tmp_path / f"{name}-remote.pt"
+        torch.save(_model(name).state_dict(), weights)
+        entries.append({
+            "name": name, "version": "1", "entrypoint": entrypoint, "kwargs": kwargs,
+            "weights": str(weights), "graph": str(remote / "graph"),
+        })  # fmt: skip
+    (remote / "worker.yaml").write_text(yaml.safe_dump({"models": entries}))
+    argv = [sys.executable, "-m", "hopserve", "worker", "-c", str(remote / "worker.yaml"),
+            "--port", str(port)]  # fmt: skip
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(argv, env=child_env(), stderr=subprocess.DEVNULL)
+        wait_for_port(port, 120, proc)
+        return proc
+
+    worker = start()
+    server = serve(tmp_path / "front", graph_dir, redis_server, workers=[f"127.0.0.1:{port}"])
+    rng = np.random.default_rng(11)
+    try:
+        oracle = Oracle(tmp_path / "front" / "graph")
+        with grpc.insecure_channel(server.target) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
+
+            def check(step: str) -> None:
+                ids = rng.choice(oracle.ids, size=30).tolist()
+                for name in MODELS:
+                    answer = embed.GetEmbeddings(
+                        pb.GetEmbeddingsRequest(
+                            model=name, node_ids=ids,
+                            options=pb.QueryOptions(cache_policy=pb.CACHE_BYPASS),
+                        ),
+                        timeout=60,
+                    )  # fmt: skip
+                    got = np.frombuffer(answer.embeddings, "<f4").reshape(len(ids), -1)
+                    assert_exact(torch.from_numpy(got.copy()), oracle.forward(name, ids), step)
+
+            for step in range(3):
+                src, dst = (rng.choice(oracle.ids, size=20).tolist() for _ in range(2))
+                admin.UpdateGraph(admin_pb2.UpdateGraphRequest(
+                    model="sage", add_edges=pb.EdgeList(src=src, dst=dst),
+                ))  # fmt: skip
+                oracle.edges.update(zip(src, dst, strict=True))
+                check(f"update {step + 1}")
+            worker.kill()
+            worker.wait(30)
+            worker = start()  # replays its own log: already at the front-end's sequence
+            deadline = time.monotonic() + 90
+            while True:  # until the front-end sees the worker up again (health checks)
+                try:
+                    check("after the worker's restart")
+                    break
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        assert (remote / "graph" / "updates" / "log").stat().st_size > 0
+    finally:
+        server.stop()
+        worker.kill()
+        worker.wait(30)

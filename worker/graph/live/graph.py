@@ -61,6 +61,7 @@ LOG_FILE = "log"
 BASE_FILE = "BASE"
 LINEAGE_FILE = "LINEAGE"
 KEYS_REMEMBERED = 100_000  # idempotency keys kept in memory (those in the log are kept too)
+MAX_SHIPPED = 10_000  # update records one job may carry to a worker behind
 
 ModelKind = tuple[int, bool]
 """``(num_layers, degree_normalized)``: what decides a model's invalidation set."""
@@ -332,6 +333,41 @@ class LiveGraph:
             return
         with self._lock.write():
             self._replay(seq if seq is not None else (self.log.last_seq or self.seq))
+
+    def records(self, upto: int, limit: int = MAX_SHIPPED) -> tuple[bytes, ...]:
+        """The log's records ``base_seq < seq <= upto`` (at most the last ``limit``), to
+        ship to a worker with its own copy of the folder."""
+        self.log._refresh()
+        first = max(self.base_seq, upto - limit)
+        return tuple(payload for _, payload in self.log.read(first, upto))
+
+    def ingest(self, records: tuple[bytes, ...]) -> None:
+        """Append shipped records this folder lacks to its own log and apply them (a
+        worker whose graph folder is a copy of the front-end's). Records it has are
+        skipped; one beyond a gap is refused.
+
+        Raises:
+            GraphSeqError: the records start after this graph's sequence (it is behind
+                the front-end's compacted base: restart it on the compacted store).
+        """
+        with self._mutex:
+            self._catch_up_locked(None)
+            dim = self.snapshot.feature_dim
+            for payload in records:
+                batch = decode(payload, dim)
+                if batch.seq <= self.seq:
+                    continue
+                if batch.seq != self.seq + 1 or batch.num_nodes_before != self.snapshot.num_nodes:
+                    raise GraphSeqError(
+                        f"graph {self.path.name}: shipped update {batch.seq} does not follow "
+                        f"this copy's sequence {self.seq}; restart this worker on the "
+                        "front-end's (compacted) graph store"
+                    )
+                nxt = apply_batch(self.snapshot, batch)
+                self.log.append(batch.seq, payload)
+                with self._lock.write():
+                    self._apply_resolved(batch, nxt)
+                self._invalidate(batch)
 
     def _base_moved(self) -> bool:
         pointer = self.updates_dir / BASE_FILE
