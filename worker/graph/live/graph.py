@@ -525,10 +525,14 @@ class LiveGraph:
         try:
             with self._lock.read():
                 snap = self.snapshot
-                feats = self._features if self._features is not None else self._base().features
-                features = feats[: snap.num_nodes].numpy().copy()
+                features = None
+                if self.with_features:  # kept up to date by this process
+                    feats = self._features if self._features is not None else self._base().features
+                    features = feats[: snap.num_nodes].numpy().copy()
             if snap.seq == self.base_seq:
                 return snap.seq
+            if features is None:  # a process that keeps none (the front-end): base + log
+                features = self._features_at(snap)
             name = f"base-{snap.seq:012d}"
             target = self.updates_dir / name
             contents = StoreContents(
@@ -562,6 +566,24 @@ class LiveGraph:
             return snap.seq
         finally:
             self.compacting = False
+
+    def _features_at(self, snap: GraphSnapshot) -> np.ndarray:
+        """The feature rows at ``snap``: the base's, then each logged batch's new and set
+        rows (numpy only). Without this a process that keeps no features compacted the
+        base's old rows, losing every acknowledged feature update."""
+        from hopserve.worker.graph.format import FEATURES_FILE, load_array, read_meta
+
+        meta = read_meta(self.base_dir)
+        n, dim = meta.num_nodes, meta.feature_dim
+        dtype = np.dtype(meta.feature_dtype)
+        out = np.empty((snap.num_nodes, dim), dtype=dtype)
+        out[:n] = load_array(self.base_dir, FEATURES_FILE, dtype=dtype, shape=(n, dim))
+        for _, payload in self.log.read(self.base_seq, snap.seq):
+            batch = decode(payload, dim)
+            first, k = batch.num_nodes_before, batch.new_node_ids.size
+            out[first : first + k] = batch.new_features
+            out[batch.set_nodes] = batch.set_features
+        return out
 
     def info(self) -> dict:
         """State for ``GetGraph`` and metrics."""

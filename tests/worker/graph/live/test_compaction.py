@@ -278,3 +278,21 @@ def test_a_log_reader_two_rewrites_behind(tmp_path: Path) -> None:
         assert got == [seq - 1, seq], f"cycle {cycle}"
         assert (reader.first_seq, reader.last_seq) == (seq - 1, seq)
         assert dict(reader.read(seq - 2, seq))[seq - 1] == bytes([cycle]) * (40 + cycle)
+
+
+def test_a_process_without_features_compacts_exactly(graph: Path, pristine: Path) -> None:
+    """The front-end keeps no features (its ``open_live`` has none) and it is the one that
+    compacts: the new base must hold the features the batches set and added, not the old
+    base's rows (every acknowledged feature update was lost at the first compaction)."""
+    expected = Expected(pristine, SEED, DIM)
+    front = LiveGraph(graph)  # no features
+    apply_stream(front, 8)
+    assert front.compact() == 8
+    apply_stream(front, 13)
+    assert front.compact() == 13  # from a compacted base + the log's rest
+    worker = LiveGraph(graph, with_features=True)
+    assert (worker.base_seq, worker.seq) == (13, 13)
+    assert_same(live_state(worker), expected.at(13), "compacted without features")
+    apply_stream(front, 15)
+    worker.catch_up()
+    assert_same(live_state(worker), expected.at(15), "and after it")
