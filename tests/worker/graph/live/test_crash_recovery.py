@@ -330,3 +330,39 @@ def test_crash_while_creating_the_lineage(graph: Path, monkeypatch, point: str) 
     assert (graph / UPDATES_DIR / LINEAGE_FILE).read_text() == lineage  # created once
     content, token = lineage.strip().rsplit(".", 1)
     assert content == GraphTopology.open(graph).version and len(token) == 12
+
+
+@pytest.mark.parametrize("failure", ["fsync", "short write"])
+def test_a_log_write_that_fails_applies_nothing(graph: Path, monkeypatch, failure: str) -> None:
+    """A full disk: the append raises, the graph stays at its sequence, the file holds no
+    part of the record, and the next batch is appended as if nothing happened."""
+    import hopserve.worker.graph.live.log as log_module
+
+    states = write_stream(graph, 2)
+    live = LiveGraph(graph, with_features=True)
+    log_path = graph / UPDATES_DIR / LOG_FILE
+    size, snap = log_path.stat().st_size, live.snapshot
+    real_write = os.write
+    if failure == "fsync":
+
+        def broken(fd):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(log_module.os, "fsync", broken)
+    else:
+
+        def broken(fd, data):
+            return real_write(fd, data[: len(data) // 2])
+
+        monkeypatch.setattr(log_module.os, "write", broken)
+    g = states[2].copy()
+    batch = stream_batch(SEED, 3, g, DIM)
+    with pytest.raises(OSError):
+        live.apply(batch)
+    monkeypatch.undo()
+    assert live.seq == 2 and live.snapshot is snap
+    assert log_path.stat().st_size == size
+    assert_same(live_state(live), states[2], "after the failed append")
+    assert live.apply(batch).seq == 3
+    g.apply(batch)
+    assert_same(live_state(LiveGraph(graph, with_features=True)), g, "reopened")
