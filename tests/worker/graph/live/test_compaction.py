@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,19 +72,19 @@ def apply_stream(live: LiveGraph, upto: int) -> None:
 
 
 def test_compaction_under_load(graph: Path, pristine: Path) -> None:
-    total, pauses = 60, (20, 40)
+    total, pauses = 40, (14, 28)
     expected = Expected(pristine, SEED, DIM)
     want = [digest(expected.at(seq)) for seq in range(total + 1)]
     live = open_live(graph, with_features=True)
     stop, compacted = threading.Event(), threading.Condition()
     count = [0]  # compactions finished
     errors: list[str] = []
-    reads = [0, 0, 0]
     seen: list[set[int]] = [set(), set(), set()]
 
     def reader(i: int) -> None:
         try:
-            while not stop.is_set():
+            while True:
+                last = stop.is_set()  # one more read after the writer is done
                 with live.reading() as snap:
                     store = live.store()
                     assert store.num_nodes == snap.num_nodes == store.features.shape[0]
@@ -91,8 +92,10 @@ def test_compaction_under_load(graph: Path, pristine: Path) -> None:
                     g = NaiveGraph.of_snapshot(snap, store.features.numpy())
                 if digest(g) != want[snap.seq]:
                     errors.append(f"reader {i} at {snap.seq}: {digest(g)} != {want[snap.seq]}")
-                reads[i] += 1
                 seen[i].add(snap.seq)
+                if last:
+                    break
+                time.sleep(0.001)  # leave the GIL to the writer now and then (speed only)
         except BaseException as err:  # noqa: BLE001 - reported below
             errors.append(f"reader {i}: {err!r}")
 
@@ -120,12 +123,13 @@ def test_compaction_under_load(graph: Path, pristine: Path) -> None:
         with compacted:
             count[0] += 1
             compacted.notify_all()
+        time.sleep(0.005)  # speed only: a compaction per few batches is plenty
     writer.join()
     stop.set()
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors[:5]
-    assert all(reads) and max(max(s) for s in seen) == total
+    assert all(total in s for s in seen), seen  # each read the last sequence too
     assert sum(f >= pauses[-1] - 1 for f in folded) >= 1, folded  # compacted mid-stream
     assert folded == sorted(folded)
     # after the load: the base in use only, info() right, a reopened graph equals this one
