@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return render(Path(args.render), read_notes(args.notes))
     started = time.monotonic()
+    revision_start = harness.git_revision()
 
     def on_sigterm(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # runs the clean-up below
@@ -370,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine_line": harness.machine_line(info),
         "load_note": f" (1-minute load average {info.get('load_avg_1m', '?')} at the end)",
         "revision": harness.git_revision(),
+        "revision_start": revision_start,
+        "code": str(Path(__import__("hopserve").__file__).resolve().parent.parent),
         "load": {"rate": args.rate, "set_size": args.set_size, "zipf": args.zipf,
                  "hot_keys": args.hot_keys, "hot_fraction": args.hot_fraction,
                  "duration_s": args.duration, "requests": len(stream),

@@ -29,7 +29,7 @@ from typing import Any
 import harness
 import numpy as np
 
-from .service import Service
+from .service import Service, metric_total
 from .streams import MODELS, GraphView, Probe, Request, UpdateSource
 
 # Tolerance of tests/support.assert_exact (as bench/soak_parts/reference.py).
@@ -38,6 +38,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 SCRAPED = (
     "hopserve_graph_update_duration_seconds_sum",
     "hopserve_graph_update_duration_seconds_count",
+    "hopserve_worker_jobs_total",
 )
 
 
@@ -343,6 +344,12 @@ def summarize(
     out["queries"] = _query_stats(ok, ctx.duration)
     out["queries"]["sent"] = len(q)
     out["queries"]["errors"] = dict(Counter(r[7] for r in q if r[7] != "OK"))
+    jobs = {}
+    for outcome in ("ok", "replanned"):
+        name = SCRAPED[2]
+        done = metric_total(after, name, outcome=outcome)
+        jobs[outcome] = _zero(done) - _zero(metric_total(before, name, outcome=outcome))
+    out["worker_jobs"] = jobs  # jobs the front-end ran, and refused as planned too early
     for i, model in enumerate(MODELS):
         out["queries"][model] = _query_stats([r for r in ok if r[3] == i], ctx.duration)
     if spec.rate:
@@ -392,8 +399,8 @@ def _update_stats(
     inv = np.asarray([u[5] for u in ok], dtype=float)
     sizes = np.asarray([u[3] + u[4] for u in ok], dtype=float)
     ack = np.asarray([(u[1] - u[0]) * 1e3 for u in ok])
-    count = after.get(SCRAPED[1], math.nan) - before.get(SCRAPED[1], 0.0)
-    total = after.get(SCRAPED[0], math.nan) - before.get(SCRAPED[0], 0.0)
+    count = metric_total(after, SCRAPED[1]) - _zero(metric_total(before, SCRAPED[1]))
+    total = metric_total(after, SCRAPED[0]) - _zero(metric_total(before, SCRAPED[0]))
     rows_p = pct(inv, (50, 90, 99))
     return {
         "batches": len(ok),
@@ -415,6 +422,10 @@ def _update_stats(
         },
         "last_seq": int(ok[-1][6]) if ok else None,
     }
+
+
+def _zero(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
 
 
 def _check_stats(rec: Records, superseded: int, quiet: dict[str, int] | None) -> dict[str, Any]:

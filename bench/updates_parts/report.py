@@ -126,7 +126,6 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
     """The report (tables of every measurement, ratios side by side from one run)."""
     g, load, upd = summary["graph"], summary["load"], summary["updates"]
     configs = summary["configs"]
-    rev = summary.get("revision", {})
     lines = [
         "# Graph updates on a living service",
         "",
@@ -135,8 +134,7 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
         f"(`hopserve.examples`, {g['dim']} → {g['hidden']} → {g['out_dim']}) on one "
         f"power-law (R-MAT) graph of {g['nodes']:,} nodes and {g['edges']:,} edges; "
         f"{summary['machine_line']}. Client (load, updater, checker) and service share the "
-        f"cores{summary['load_note']}. Commit `{rev.get('commit', '?')[:10]}`"
-        f"{' (uncommitted changes in the tree)' if rev.get('dirty') else ''}.",
+        f"cores{summary['load_note']}. {_revision_note(summary)}",
         "",
         f"Queries: open loop, Poisson arrivals at {load['rate']:g}/s, {load['set_size']} "
         f"targets per request, half to each model; targets Zipf (a={load['zipf']}) over a "
@@ -371,6 +369,8 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
                     _ms(st.get("total", math.nan)),
                     _ms(st.get("total", math.nan) - sum(st.get(k, 0.0) for k in stage_keys)),
                     _ms(st.get("outside_server", math.nan)),
+                    f"{_num(_get(ph, 'worker_jobs', 'replanned'))} / "
+                    f"{_num(_get(ph, 'worker_jobs', 'ok'))}",
                 ]
             )
     if rows:
@@ -382,13 +382,15 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
             "its total's part in no stage (waiting for the graph's lock, planning again after "
             "the graph moved on, ...) and the rest of the client-measured latency (from the scheduled arrival: "
             "network, the client's event loop, and the front-end's event loop before the "
-            "request is parsed).",
+            "request is parsed). *Jobs replanned*: worker jobs refused because the graph "
+            "moved past the sequence they were planned at (`hopserve_worker_jobs_total`; a "
+            "batch is planned again up to 4 times, then the request fails UNAVAILABLE).",
             "",
         ]
         lines += harness.markdown_table(
             ["configuration", "updates/s", "latency mean", *stage_keys, "server total",
-             "server, in no stage", "outside the server"],
-            rows, "l" + "r" * 11,
+             "server, in no stage", "outside the server", "jobs replanned / run"],
+            rows, "l" + "r" * 12,
         )  # fmt: skip
 
     # -- staleness
@@ -477,6 +479,20 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
     lines += ["", f"![updates]({png})", "", f"Run: {summary['wall_s']:.0f} s wall; "
               f"`{summary['command']}`."]  # fmt: skip
     return lines
+
+
+def _revision_note(summary: dict[str, Any]) -> str:
+    """Which code was measured (and a warning when the checkout changed during the run)."""
+    rev, start = summary.get("revision") or {}, summary.get("revision_start") or {}
+    text = f"Code: commit `{str(rev.get('commit', '?'))[:10]}`"
+    if rev.get("dirty"):
+        text += " with uncommitted changes in the tree"
+    if start and start.get("commit") != rev.get("commit"):
+        text += (
+            f" — **the checkout moved during the run** (from `{str(start.get('commit'))[:10]}`"
+            "): configurations started later ran newer code"
+        )
+    return text + "."
 
 
 def _errors(ph: dict[str, Any]) -> str:

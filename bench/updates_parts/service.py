@@ -152,17 +152,20 @@ class Service:
         shutil.rmtree(self.folder / "graph", ignore_errors=True)
 
     def metrics(self, *names: str) -> dict[str, float]:
-        """One scrape of the front-end's ``/metrics``: the samples named ``names``, summed
-        over their labels (empty when the scrape fails)."""
+        """One scrape of the front-end's ``/metrics``: the samples named ``names`` by series
+        key (``name{label="value",...}``; empty when the scrape fails)."""
         scraper = harness.MetricsScraper(
             f"http://127.0.0.1:{self.metrics_port}/metrics", 1.0, names
         )
         try:
-            values = scraper.scrape()
+            return scraper.scrape()
         except Exception:  # a gap: the caller reports what it has
             return {}
-        out: dict[str, float] = {}
-        for key, value in values.items():
-            name = key.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + value
-        return out
+
+
+def metric_total(values: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of the series of ``name`` whose labels include ``labels`` (NaN if none)."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    found = [v for k, v in values.items()
+             if k.startswith(name + "{") and all(w in k for w in want)]  # fmt: skip
+    return sum(found) if found else float("nan")
