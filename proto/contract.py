@@ -305,6 +305,10 @@ class ModelStatus:
     degree_normalized: bool = True
     """Whether a conv normalizes by node degrees (invalidation then reaches the changed
     edges' endpoints' out-neighbours); ``True`` when unknown (invalidates more, never less)."""
+    reads_source_degrees: bool = True
+    """Whether a conv reads the out-degrees of edge sources (DGL ``GraphConv``'s norm):
+    then a changed edge's source's out-neighbours are invalidated too; PyG's ``gcn_norm``
+    reads in-degrees only. ``True`` when unknown."""
 
 
 @dataclass(frozen=True)

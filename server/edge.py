@@ -125,6 +125,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self.invalidation = "exact"  # cache.invalidation: "exact" or "flush"
         self.refresh_hot_rows = 0  # cache.refresh_hot_rows
         self._hot: dict[tuple[str, str], HotRows] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------------ RPCs
 
@@ -443,9 +444,16 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
     def refresh(self, model: ServedModel, affected: np.ndarray) -> int:
         """Recompute, in the background, the recently requested rows among ``affected``
         (storage ids an update invalidated) and write them back, so their next lookup is
-        a hit again (exact: computed at the new sequence). Returns how many."""
+        a hit again (exact: computed at the new sequence). Requests come first: nothing is
+        refreshed while the model has batches queued or running, or a refresh of its own
+        still runs. Returns how many rows."""
         if not self.refresh_hot_rows or self._closing or not model.ready:
             return 0
+        key = (model.name, model.version)
+        running = self._refreshing.get(key)
+        batcher = self.pipeline(model).batcher
+        if (running is not None and not running.done()) or batcher.depth or batcher.running:
+            return 0  # requests first: one refresh at a time, only while the model is idle
         ids = self._hot_rows(model).among(affected)[: self.refresh_hot_rows]
         if ids.size == 0:
             return 0
@@ -465,6 +473,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         task = asyncio.get_running_loop().create_task(run())
         self._writebacks.add(task)
         task.add_done_callback(self._writebacks.discard)
+        self._refreshing[key] = task
         return int(ids.size)
 
     # ------------------------------------------------------------------ lifecycle

@@ -333,7 +333,7 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
             ])  # fmt: skip
         lines += harness.markdown_table(
             ["edges/batch", "resolve", "splice CSC+CSR", "log append + fsync",
-             "invalidation sage / gcn", "rows sage / gcn", "gcn rows, in-degrees only",
+             "invalidation sage / gcn", "rows sage / gcn", "gcn rows, with source degrees",
              "total", "edges/s (this size)"],
             rows, "lrrrrrrrr",
         )  # fmt: skip
@@ -345,11 +345,10 @@ def markdown(summary: dict[str, Any], png: str) -> list[str]:
             f"A GCN layer's whole-graph normalization (`GCNAdapter.prepare`, once per new "
             f"graph sequence before the first GCN job on it): {gp['first_s'] * 1e3:,.0f} ms "
             f"at load, {gp['per_new_sequence_s'] * 1e3:,.0f} ms per new sequence "
-            f"(× {gp['layers']} layers). *gcn rows, in-degrees only*: the GCN set if only "
-            f"the destinations' degrees counted — PyG's `gcn_norm` normalizes by in-degrees, "
-            f"so a new edge does not change its source's normalization; the service also "
-            f"invalidates the sources' out-neighbourhoods (`invalidation.py`: out-degrees, "
-            f"which DGL's `GraphConv` reads).",
+            f"(× {gp['layers']} layers). *gcn rows, with source degrees*: the GCN set if the "
+            f"sources' out-neighbourhoods counted too (what the service invalidated before "
+            f"it told PyG's `gcn_norm`, which reads in-degrees only, from DGL's `GraphConv`, "
+            f"which reads source out-degrees).",
         ]
 
     # -- query stages

@@ -49,7 +49,7 @@ from hopserve.rpc import clip, quote
 from hopserve.worker.graph.live import GraphSeqError, open_live
 from hopserve.worker.graph.live.mutations import decode as decode_delta
 from hopserve.worker.loader import ModelLoadError, load_model
-from hopserve.worker.runtime.degrees import degree_normalized
+from hopserve.worker.runtime.degrees import degree_reads
 from hopserve.worker.runtime.fx_guard import FX_GUARD
 from hopserve.worker.runtime.job_checks import (
     check_deadline,
@@ -106,7 +106,8 @@ class LoadedModel:
             blocks=self.evaluator.blocks(),
             description=self.description,
             graph_seq=live.seq if live is not None else 0,
-            degree_normalized=degree_normalized(self.evaluator),
+            degree_normalized=degree_reads(self.evaluator)[0],
+            reads_source_degrees=degree_reads(self.evaluator)[1],
         )
 
     @contextmanager
@@ -140,8 +141,8 @@ class LoadedModel:
                 with self.live.with_delta(job.graph_seq, delta) as store:
                     yield store
                 return
-            with self.live.reading(seq):
-                yield self.live.store()
+            with self.live.reading(seq) as snapshot:
+                yield self.live.store(snapshot)
         except GraphSeqError as err:
             raise GraphVersionMismatchError(f"job {clip(job.job_id)}: {err}") from None
 
@@ -354,14 +355,9 @@ class Worker(abc.ABC):
         started = time.perf_counter()
         entry = self.model(job.model, job.model_version)
         check_graph_version(job, entry.status_graph_version)
-        with entry.graph_at(job) as graph:
-            return self._execute_on(job, entry, graph, started)
-
-    def _execute_on(
-        self, job: Job, entry: LoadedModel, graph: GraphStore, started: float
-    ) -> JobResult:
-        targets = check_targets(job, graph.num_nodes)
         check_deadline(job)
+        # The model's lock first, then the graph: a job waiting for its model holds no
+        # graph lock, so an update waits only for the jobs that are running.
         with self._counted("queued"):
             left = time_left(job)
             timeout = -1 if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
@@ -372,24 +368,32 @@ class Worker(abc.ABC):
                 f"{quote(job.model)}"
             )
         try:
-            with self._counted("running"), self._device_context():
-                check_deadline(job)
-                if entry.graph is not graph:  # the graph moved on: evaluate on this one
-                    entry.graph = entry.evaluator.graph = graph
-                t0 = time.perf_counter()
-                plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
-                checked_s = time.perf_counter() - t0
-                out = self._evaluate(job, entry, plan, targets)
-                stats = entry.evaluator.last_stats
-                # Exact jobs arrive planned: checking them is preparation, not planning.
-                if job.frontiers is not None and job.fanouts is None:
-                    stats.prepare_s += checked_s
-                else:
-                    stats.planning_s += checked_s
-                stats.total_s = time.perf_counter() - started
+            with entry.graph_at(job) as graph:
+                return self._execute_on(job, entry, graph, started)
         finally:
             entry.lock.release()
             self._after_job()
+
+    def _execute_on(
+        self, job: Job, entry: LoadedModel, graph: GraphStore, started: float
+    ) -> JobResult:
+        """Evaluate ``job`` on ``graph`` (the caller holds the model's lock)."""
+        targets = check_targets(job, graph.num_nodes)
+        with self._counted("running"), self._device_context():
+            check_deadline(job)
+            if entry.graph is not graph:  # the graph moved on: evaluate on this one
+                entry.graph = entry.evaluator.graph = graph
+            t0 = time.perf_counter()
+            plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+            checked_s = time.perf_counter() - t0
+            out = self._evaluate(job, entry, plan, targets)
+            stats = entry.evaluator.last_stats
+            # Exact jobs arrive planned: checking them is preparation, not planning.
+            if job.frontiers is not None and job.fanouts is None:
+                stats.prepare_s += checked_s
+            else:
+                stats.planning_s += checked_s
+            stats.total_s = time.perf_counter() - started
         # [rows, dim] float32; a per-node scalar or tensor output is flattened per row
         rows = out.detach().reshape(len(targets), -1).numpy()
         embeddings = np.ascontiguousarray(rows, dtype=np.float32)

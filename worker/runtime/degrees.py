@@ -9,7 +9,7 @@ in-edges. Unknown convs count as degree-normalized: invalidating more is safe, l
 
 from __future__ import annotations
 
-__all__ = ["DEGREE_FREE", "degree_normalized"]
+__all__ = ["DEGREE_FREE", "IN_DEGREE_ONLY", "degree_normalized", "degree_reads"]
 
 DEGREE_FREE = frozenset(
     {
@@ -38,15 +38,34 @@ def _key(conv: object) -> str:
     return f"{library}:{type(conv).__name__}"
 
 
+IN_DEGREE_ONLY = frozenset(
+    {
+        "torch_geometric:GCNConv",
+        "torch_geometric:LGConv",
+        "torch_geometric:DNAConv",
+        "torch_geometric:EGConv",
+    }
+)
+"""Convs whose weights read in-degrees only (PyG's ``gcn_norm``: ``deg`` is summed over
+edge targets), so a new edge changes its destination's degree and not its source's."""
+
+
 def degree_normalized(evaluator: object) -> bool:
     """True unless every conv of the evaluator's split is known to be degree-free.
 
     ``GCNConv(normalize=False)`` and DGL ``GraphConv(norm="none" or "right")`` read no
     neighbour's degree either. The node-wise fallback has no split: True.
     """
+    return degree_reads(evaluator)[0]
+
+
+def degree_reads(evaluator: object) -> tuple[bool, bool]:
+    """``(reads neighbours' degrees, reads the sources' out-degrees too)``; unknown convs
+    (and the node-wise fallback) read both."""
     split = getattr(evaluator, "split", None)
     if split is None:
-        return True
+        return True, True
+    reads, sources = False, False
     for adapter in split.adapters.values():
         conv = getattr(adapter, "conv", None)
         key = _key(conv)
@@ -54,6 +73,8 @@ def degree_normalized(evaluator: object) -> bool:
             continue
         if key == "dgl:GraphConv" and getattr(conv, "_norm", "both") in ("none", "right"):
             continue
-        if key not in DEGREE_FREE:
-            return True
-    return False
+        if key in DEGREE_FREE:
+            continue
+        reads = True
+        sources = sources or key not in IN_DEGREE_ONLY
+    return reads, sources

@@ -62,9 +62,11 @@ BASE_FILE = "BASE"
 LINEAGE_FILE = "LINEAGE"
 KEYS_REMEMBERED = 100_000  # idempotency keys kept in memory (those in the log are kept too)
 MAX_SHIPPED = 10_000  # update records one job may carry to a worker behind
+RECENT_SNAPSHOTS = 4  # earlier versions a job planned before an update may still run on
 
-ModelKind = tuple[int, bool]
-"""``(num_layers, degree_normalized)``: what decides a model's invalidation set."""
+ModelKind = tuple[int, bool, bool]
+"""``(num_layers, degree_normalized, reads_source_degrees)``: what decides a model's
+invalidation set (:func:`~.invalidation.affected_nodes`)."""
 
 
 class GraphSeqError(RuntimeError):
@@ -140,7 +142,9 @@ class LiveGraph:
         self._mutex = threading.Lock()  # serializes writers' bookkeeping (apply, compact)
         self._stale: dict[ModelKind, np.ndarray] = {}
         self._keys: OrderedDict[str, ApplyResult] = OrderedDict()
-        self._stores: dict[int, object] = {}  # seq -> GraphStore (worker view), latest only
+        self._stores: dict[int, object] = {}  # seq -> GraphStore (worker view), recent ones
+        self._recent: OrderedDict[int, GraphSnapshot] = OrderedDict()  # before the current
+        self._features_overwritten = 0  # seq of the last batch that set feature rows
         self._features = None  # torch tensor [capacity, F] once copied, else the base's
         self.compacting = False
         self._open_base()
@@ -148,6 +152,9 @@ class LiveGraph:
     # ------------------------------------------------------------------ opening
     def _open_base(self) -> None:
         """Open the base in use (compacted or original) and replay the log on top."""
+        self._recent.clear()
+        self._stores.clear()
+        self._features_overwritten = 0
         base_dir, base_seq = self.path, 0
         pointer = self.updates_dir / BASE_FILE
         lineage = GraphTopology.open(self.path).version
@@ -293,10 +300,16 @@ class LiveGraph:
 
     def _apply_resolved(self, batch: ResolvedBatch, nxt: GraphSnapshot | None = None) -> None:
         """Next snapshot and features (caller holds the write lock, or is opening)."""
+        self._recent[self.snapshot.seq] = self.snapshot
+        while len(self._recent) > RECENT_SNAPSHOTS:
+            self._recent.popitem(last=False)
         self.snapshot = apply_batch(self.snapshot, batch) if nxt is None else nxt
+        if batch.set_nodes.size:  # rows overwritten in place: older versions cannot run
+            self._features_overwritten = batch.seq
         if self.with_features:
             self._write_features(batch)
-        self._stores.clear()
+        for seq in [s for s in self._stores if s not in self._recent]:
+            del self._stores[seq]
 
     def _invalidate(self, batch: ResolvedBatch) -> dict[ModelKind, np.ndarray]:
         affected = {}
@@ -306,7 +319,7 @@ class LiveGraph:
                 grown = np.full(snap.num_nodes, batch.seq, np.int64)
                 grown[: stale.size] = stale
                 self._stale[kind] = stale = grown
-            nodes = affected_nodes(snap, batch, kind[0], kind[1])
+            nodes = affected_nodes(snap, batch, *kind)
             stale[nodes] = batch.seq
             affected[kind] = nodes
         return affected
@@ -387,12 +400,18 @@ class LiveGraph:
         if seq is not None and seq > self.seq:
             self.catch_up(seq)
         with self._lock.read():
-            if seq is not None and seq != self.seq:
+            if seq is None or seq == self.seq:
+                yield self.snapshot
+                return
+            older = self._recent.get(seq)
+            if older is None or seq < self._features_overwritten:
                 raise GraphSeqError(
                     f"graph {self.path.name}: the job was planned at sequence {seq}, this "
                     f"process is at {self.seq}"
                 )
-            yield self.snapshot
+            # A recent version whose feature rows no batch overwrote since: exact there
+            # (later nodes' rows lie past its own, its arrays are untouched).
+            yield older
 
     @contextmanager
     def with_delta(self, seq: int, delta: ResolvedBatch) -> Iterator:  # -> GraphStore
@@ -444,12 +463,13 @@ class LiveGraph:
             )
 
     # ------------------------------------------------------------------ features (worker)
-    def store(self):  # -> GraphStore
-        """The worker's :class:`~hopserve.worker.graph.store.GraphStore` of the current
-        snapshot (features included). Call while holding :meth:`reading`."""
+    def store(self, snap: GraphSnapshot | None = None):  # -> GraphStore
+        """The worker's :class:`~hopserve.worker.graph.store.GraphStore` of ``snap`` (the
+        one :meth:`reading` yielded; default the current snapshot), features included.
+        Call while holding :meth:`reading`."""
         from hopserve.worker.graph.store import GraphStore
 
-        snap = self.snapshot
+        snap = self.snapshot if snap is None else snap
         cached = self._stores.get(snap.seq)
         if cached is not None:
             return cached
@@ -467,7 +487,7 @@ class LiveGraph:
                 path=snap.path,
                 topology=snap,
             )
-        self._stores = {snap.seq: store}
+        self._stores[snap.seq] = store
         return store
 
     def _base(self):  # -> GraphStore
@@ -529,7 +549,8 @@ class LiveGraph:
                 if self.with_features:  # kept up to date by this process
                     feats = self._features if self._features is not None else self._base().features
                     features = feats[: snap.num_nodes].numpy().copy()
-            if snap.seq == self.base_seq:
+            if snap.seq == self.base_seq:  # folded already (maybe by a run a crash cut)
+                self._remove_stray_bases(keep=self.base_dir)
                 return snap.seq
             if features is None:  # a process that keeps none (the front-end): base + log
                 features = self._features_at(snap)
@@ -558,10 +579,7 @@ class LiveGraph:
                 self.log.rewrite(after=snap.seq)
                 self.base_dir, self.base_seq = target, snap.seq
                 self._base_store = None
-            for stray in self.updates_dir.iterdir():  # the old base, and any a crash left
-                name = stray.name.lstrip(".")  # .base-<seq>.tmp-*: a write cut short
-                if stray.is_dir() and stray != target and name.startswith("base-"):
-                    shutil.rmtree(stray, ignore_errors=True)
+            self._remove_stray_bases(keep=target)
             log.info("compacted %s at sequence %d into %s", self.path, snap.seq, target)
             return snap.seq
         finally:
@@ -584,6 +602,16 @@ class LiveGraph:
             out[first : first + k] = batch.new_features
             out[batch.set_nodes] = batch.set_features
         return out
+
+    def _remove_stray_bases(self, keep: Path) -> None:
+        """Delete every base folder but ``keep``: the old base, and any a crash left
+        (``.base-<seq>.tmp-*``: a write cut short; ``base-<seq>`` not switched to)."""
+        if not self.updates_dir.is_dir():
+            return
+        for stray in self.updates_dir.iterdir():
+            name = stray.name.lstrip(".")
+            if stray.is_dir() and stray != keep and name.startswith("base-"):
+                shutil.rmtree(stray, ignore_errors=True)
 
     def info(self) -> dict:
         """State for ``GetGraph`` and metrics."""

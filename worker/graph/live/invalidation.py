@@ -6,11 +6,13 @@ in-neighbours, on ``x``'s in-edge list and, for degree-normalized convs, on the 
 
 * the features of ``F`` (set_features; new nodes have no rows yet, their edges count below);
 * the in-edge lists of the destinations ``D`` of added and removed edges;
-* for degree-normalized convs, the in-degree of ``D`` and the out-degree of the sources
-  ``S``; a node's degree enters the rows of its out-neighbours.
+* for degree-normalized convs, the in-degree of ``D`` and (for convs that read source
+  out-degrees) the out-degree of the sources ``S``; a node's degree enters the rows of its
+  out-neighbours.
 
 Layer 1 rows that can change: :math:`C^1 = D \cup F \cup N_{out}(F)`, plus
-:math:`N_{out}(D \cup S)` when degree-normalized; then
+:math:`N_{out}(D)` when degree-normalized (:math:`N_{out}(D \cup S)` when source
+out-degrees count too); then
 :math:`C^l = C^{l-1} \cup N_{out}(C^{l-1})`. The affected rows are :math:`C^L`. Out-edges
 are those of the graph *after* the batch: every removed edge's destination is in
 :math:`C^1`, so a path through a removed edge is covered from there.
@@ -28,20 +30,28 @@ __all__ = ["affected_nodes"]
 
 
 def affected_nodes(
-    after: GraphSnapshot, batch: ResolvedBatch, num_layers: int, degree_normalized: bool
+    after: GraphSnapshot,
+    batch: ResolvedBatch,
+    num_layers: int,
+    degree_normalized: bool,
+    source_degrees: bool | None = None,
 ) -> np.ndarray:
     """Sorted storage ids whose layer-``num_layers`` rows ``batch`` can change.
 
-    New nodes are included when something reaches them (their rows cannot be cached, but
-    a request-scoped computation may have seen them).
+    ``degree_normalized``: a conv reads its neighbours' degrees; ``source_degrees``: also
+    the out-degrees of the *sources* of changed edges (DGL ``GraphConv``'s norm; PyG's
+    ``gcn_norm`` reads in-degrees only, which change at destinations). ``None``: as
+    ``degree_normalized``. New nodes are included when something reaches them.
     """
+    if source_degrees is None:
+        source_degrees = degree_normalized
     n = after.num_nodes
     dst = np.concatenate([batch.add_dst, batch.remove_dst])
     src = np.concatenate([batch.add_src, batch.remove_src])
     feats = batch.set_nodes
     seeds = [dst, feats, after.out_neighbours(feats)]
     if degree_normalized:
-        seeds.append(after.out_neighbours(sorted_union(n, dst, src)))
+        seeds.append(after.out_neighbours(sorted_union(n, dst, src) if source_degrees else dst))
     current = sorted_union(n, *seeds)
     frontier = current
     for _ in range(num_layers - 1):
