@@ -596,21 +596,35 @@ class DeltaResolver:
     bad mutation, an unknown target ID names the ID.
     """
 
-    def __init__(self, model_name: str, batch: MutationBatch, ids: np.ndarray) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        batch: MutationBatch,
+        ids: np.ndarray,
+        spliced: dict | None = None,
+    ) -> None:
         self.model_name = model_name
         self.batch = batch
         self.ids = ids
+        # snapshot -> (encoded delta, snapshot + delta): one splice per snapshot, shared
+        # by the ID mapping, the job and the footprints (and by every slice of a stream).
+        self._spliced = {} if spliced is None else spliced
 
     def bind(self, ids: np.ndarray) -> DeltaResolver:
         """The same delta for other targets (a slice of a streamed request)."""
-        return DeltaResolver(self.model_name, self.batch, ids)
+        return DeltaResolver(self.model_name, self.batch, ids, self._spliced)
 
     def __call__(self, topology) -> tuple[bytes, object, np.ndarray]:  # noqa: ANN001
-        try:
-            resolved = resolve_mutations(self.batch, topology, topology.seq)
-        except InvalidUpdateError as err:
-            raise InvalidRequestError(f"model {self.model_name!r}: delta: {err}") from None
-        extended = apply_batch(topology, resolved)
+        done = self._spliced.get(topology.seq)
+        if done is None or done[0] is not topology:
+            try:
+                resolved = resolve_mutations(self.batch, topology, topology.seq)
+            except InvalidUpdateError as err:
+                raise InvalidRequestError(f"model {self.model_name!r}: delta: {err}") from None
+            done = (topology, encode_mutations(resolved), apply_batch(topology, resolved))
+            self._spliced.clear()  # older snapshots are not planned on again
+            self._spliced[topology.seq] = done
+        _, encoded, extended = done
         try:
             storage = extended.to_storage(self.ids)
         except UnknownNodeError as err:
@@ -618,7 +632,7 @@ class DeltaResolver:
                 f"model {self.model_name!r}: {len(err.unknown)} requested node IDs are in "
                 f"neither the graph nor the delta: {format_ids(err.unknown)}"
             ) from None
-        return encode_mutations(resolved), extended, storage
+        return encoded, extended, storage
 
 
 def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKey):  # noqa: ANN202

@@ -94,6 +94,7 @@ class LoadedModel:
     def status(self) -> ModelStatus:
         """What the front-end needs to serve this model (the same in process and remote)."""
         live = self.live
+        reads_degrees, reads_source_degrees = degree_reads(self.evaluator)
         return ModelStatus(
             name=self.name,
             version=self.version,
@@ -106,8 +107,8 @@ class LoadedModel:
             blocks=self.evaluator.blocks(),
             description=self.description,
             graph_seq=live.seq if live is not None else 0,
-            degree_normalized=degree_reads(self.evaluator)[0],
-            reads_source_degrees=degree_reads(self.evaluator)[1],
+            degree_normalized=reads_degrees,
+            reads_source_degrees=reads_source_degrees,
         )
 
     @contextmanager

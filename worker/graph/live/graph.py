@@ -34,7 +34,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -282,7 +282,7 @@ class LiveGraph:
         with self._mutex:
             if batch.idempotency_key and batch.idempotency_key in self._keys:
                 done = self._keys[batch.idempotency_key]
-                return _replace(done, replayed=True, apply_s=time.perf_counter() - start)
+                return replace(done, replayed=True, apply_s=time.perf_counter() - start)
             self._catch_up_locked(None)
             resolved = resolve(batch, self.snapshot, self.seq + 1)
             if batch.empty:
@@ -293,9 +293,9 @@ class LiveGraph:
                 self._apply_resolved(resolved, nxt)
             affected = self._invalidate(resolved)
             result = _result_of(resolved, self.snapshot, sum(a.size for a in affected.values()))
-            result = _replace(result, apply_s=time.perf_counter() - start, affected=affected)
+            result = replace(result, apply_s=time.perf_counter() - start, affected=affected)
             if resolved.idempotency_key:
-                self._remember(resolved.idempotency_key, _replace(result, affected={}))
+                self._remember(resolved.idempotency_key, replace(result, affected={}))
             return result
 
     def _apply_resolved(self, batch: ResolvedBatch, nxt: GraphSnapshot | None = None) -> None:
@@ -438,16 +438,8 @@ class LiveGraph:
             if delta.num_nodes_before != self.snapshot.num_nodes:
                 raise GraphSeqError(f"graph {self.path.name}: the delta was resolved elsewhere")
             snap = apply_batch(self.snapshot, delta)
-            if delta.new_node_ids.size:
-                self._write_features(
-                ResolvedBatch(
-                    seq=seq, num_nodes_before=delta.num_nodes_before,
-                    new_node_ids=delta.new_node_ids, new_features=delta.new_features,
-                    remove_src=delta.remove_src[:0], remove_dst=delta.remove_dst[:0],
-                    add_src=delta.add_src[:0], add_dst=delta.add_dst[:0],
-                    set_nodes=delta.set_nodes[:0], set_features=delta.set_features[:0],
-                )
-            )  # fmt: skip
+            if delta.new_node_ids.size:  # spare rows past the graph's: its snapshot ignores them
+                self._write_features(delta)  # a delta sets no existing rows
             features = self._features if self._features is not None else self._base().features
             snap.meta = snap.meta.model_copy(
                 update={"version": f"{snap.meta.version}.delta{next(_DELTAS)}"}
@@ -640,12 +632,6 @@ def _result_of(batch: ResolvedBatch, snap: GraphSnapshot, invalidated: int) -> A
         num_nodes=snap.num_nodes,
         num_edges=snap.num_edges,
     )
-
-
-def _replace(result: ApplyResult, **changes) -> ApplyResult:
-    from dataclasses import replace
-
-    return replace(result, **changes)
 
 
 def _fsync_dir(path: Path) -> None:
