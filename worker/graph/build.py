@@ -4,7 +4,9 @@
 optional symmetrize (add only the MISSING reverse edges, see below), optional self-loops
 (``(v, v)`` for every ``v`` lacking one), optional dedup (drop repeated ``(s, d)``
 pairs), then one int64 key sort by ``(dst, src)``, and optionally RCMK reorder
-(:mod:`~.reorder`) keeping the permutation. No Python loop over edges or nodes.
+(:mod:`~.reorder`) keeping the permutation. No Python loop over edges or nodes. With
+``track_edges`` both sorts are stable argsorts and :attr:`CSC.edge_order` says which input
+edge each stored edge is, so per-edge columns (weights, features) follow their edges.
 :mod:`~.plan` then pairs the CSC with features, labels and IDs and writes the store.
 
 Symmetrize rule (multigraphs included): the result is the elementwise maximum
@@ -42,6 +44,8 @@ __all__ = [
     "validate_edges",
     "validate_labels",
     "validate_node_ids",
+    "validate_edge_weight",
+    "validate_edge_features",
     "build_csc",
 ]
 
@@ -119,6 +123,41 @@ def validate_node_ids(node_ids: Any, num_nodes: int) -> np.ndarray:
     return arr
 
 
+def _float_edges(values: Any, what: str, ndim: int, num_edges: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "fiub":
+        raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
+    if arr.ndim != ndim or arr.shape[0] != num_edges:
+        want = f"[{num_edges}]" if ndim == 1 else f"[{num_edges}, d_e]"
+        raise ValueError(f"{what} must have shape {want} (one row per edge), got {[*arr.shape]}")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(out) if ndim == 1 else np.isfinite(out).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        value = out[bad] if ndim == 1 else arr[bad].tolist()
+        raise ValueError(f"{what} of edge {bad} is not finite (float32): {value}")
+    return out
+
+
+def validate_edge_weight(weight: Any, num_edges: int) -> np.ndarray:
+    """Edge weights: ``[E]`` finite numbers (one per input edge). Returns float32.
+
+    Raises:
+        ValueError: wrong shape, non-numeric, or NaN/Inf (naming the first bad edge).
+    """
+    return _float_edges(weight, "edge_weight", 1, num_edges)
+
+
+def validate_edge_features(features: Any, num_edges: int) -> np.ndarray:
+    """Edge features: ``[E, d_e]`` finite numbers (one row per input edge). Returns float32.
+
+    Raises:
+        ValueError: wrong shape, non-numeric, or NaN/Inf (naming the first bad edge).
+    """
+    return _float_edges(features, "edge_features", 2, num_edges)
+
+
 @dataclass(frozen=True)
 class BuildStats:
     """Edge counts of one :func:`build_csc` run (all zero for transforms not requested).
@@ -145,6 +184,8 @@ class CSC:
     perm: np.ndarray | None
     flags: GraphFlags
     stats: BuildStats = BuildStats()
+    # int64 [E]: the input edge stored at CSC position k (``track_edges``), else None
+    edge_order: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -254,6 +295,7 @@ def build_csc(
     dedup: bool = False,
     reorder: str | None = "rcmk",
     progress: bool = False,
+    track_edges: bool = False,
 ) -> CSC:
     """Build CSC (in-edges grouped by destination) from ``src -> dst`` edges.
 
@@ -268,6 +310,10 @@ def build_csc(
         dedup: keep one copy of each distinct ``(s, d)``.
         reorder: ``"rcmk"`` or ``None``/``"none"`` (identity).
         progress: show a progress bar (stderr TTY only).
+        track_edges: record :attr:`CSC.edge_order` (input edge of each stored edge), for
+            graphs with edge weights or features. Not with ``symmetrize``,
+            ``add_self_loops`` or ``dedup``: the edges they add would have no edge data
+            and ``dedup`` would have to merge differing edge rows.
 
     Returns:
         The CSC, with :class:`BuildStats` of what each transform added or removed.
@@ -276,13 +322,29 @@ def build_csc(
         ValueError: bad edges (see :func:`validate_edges`) or options.
     """
     ordering = normalize_reorder(reorder)
+    if track_edges and (symmetrize or add_self_loops or dedup):
+        which = [
+            name
+            for name, on in (
+                ("symmetrize", symmetrize),
+                ("self-loops", add_self_loops),
+                ("dedup", dedup),
+            )
+            if on
+        ]
+        raise ValueError(
+            f"{'/'.join(which)} cannot be combined with edge weights or edge features: "
+            "added edges would have no edge data and dedup would merge differing rows; "
+            "add the reverse edges / self-loops with their edge data to the input instead"
+        )
     src, dst = validate_edges(src, dst, num_nodes)
     n = int(num_nodes)
     flags = GraphFlags(symmetrized=symmetrize, self_loops=add_self_loops, dedup=dedup)
     e_in = int(src.size)
     if n == 0:
         indptr, indices = np.zeros(1, np.int64), np.zeros(0, indices_dtype_for(0))
-        return CSC(indptr, indices, None, flags, BuildStats(input_edges=e_in))
+        order = np.zeros(0, np.int64) if track_edges else None
+        return CSC(indptr, indices, None, flags, BuildStats(input_edges=e_in), order)
     t0 = time.perf_counter()
     steps = 3 + (ordering == "rcmk")
     n_rev = n_loops = n_dups = 0
@@ -298,7 +360,12 @@ def build_csc(
         rev = missing_reverse_keys(src, dst, n) if symmetrize else None
         del src, dst
         bar.update()
-        keys.sort()
+        edge_order = None
+        if track_edges:
+            edge_order = np.argsort(keys, kind="stable")
+            keys = keys[edge_order]
+        else:
+            keys.sort()
         if rev is not None:
             n_rev = int(rev.size)
             keys = _merge_sorted(keys, rev)
@@ -323,7 +390,11 @@ def build_csc(
         perm = None
         if ordering == "rcmk":
             perm = rcmk_permutation(indptr, indices, n, symmetric=symmetrize)
-            indptr, indices = permute_csc(indptr, indices, perm)
+            if edge_order is not None:
+                indptr, indices, moved = permute_csc(indptr, indices, perm, edge_order=True)
+                edge_order = edge_order[moved]
+            else:
+                indptr, indices = permute_csc(indptr, indices, perm)
             bar.update()
     log.info(
         "built CSC: %d nodes, %d edges, ordering=%s in %.1fs",
@@ -333,4 +404,4 @@ def build_csc(
         time.perf_counter() - t0,
     )
     stats = BuildStats(e_in, n_rev, n_loops, n_dups)
-    return CSC(indptr, indices, perm, flags, stats)
+    return CSC(indptr, indices, perm, flags, stats, edge_order)

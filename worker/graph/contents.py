@@ -20,8 +20,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from hopserve.worker.graph.atomic import atomic_directory
-from hopserve.worker.graph.build import CSC, Ordering, validate_labels, validate_node_ids
+from hopserve.worker.graph.build import (
+    CSC,
+    Ordering,
+    validate_edge_features,
+    validate_edge_weight,
+    validate_labels,
+    validate_node_ids,
+)
 from hopserve.worker.graph.format import (
+    EDGE_FEATURES_FILE,
+    EDGE_FORMAT_VERSION,
+    EDGE_WEIGHT_FILE,
     FEATURES_FILE,
     FORMAT_VERSION,
     INDICES_FILE,
@@ -117,7 +127,8 @@ class StoreContents:
     """Everything a graph store holds, in storage order, with features still to be read.
 
     Feature row of storage node ``s`` is ``features.read(feature_perm[s])`` (or row ``s``
-    when ``feature_perm`` is ``None``).
+    when ``feature_perm`` is ``None``). Edge columns are in CSC order (entry ``k`` belongs
+    to the edge at ``indices[k]``).
     """
 
     indptr: np.ndarray
@@ -128,10 +139,16 @@ class StoreContents:
     labels: np.ndarray | None
     ordering: Ordering
     flags: GraphFlags
+    edge_weight: np.ndarray | None = None  # float32 [E]
+    edge_features: np.ndarray | None = None  # float32 [E, d_e]
 
     @property
     def num_nodes(self) -> int:
         return self.indptr.size - 1
+
+    @property
+    def has_edge_data(self) -> bool:
+        return self.edge_weight is not None or self.edge_features is not None
 
     def header(self) -> dict[str, Any]:
         """The meta fields that are part of the content hash (all but version/created_at)."""
@@ -151,6 +168,18 @@ class StoreContents:
             "has_node_ids": self.node_ids is not None,
             "has_labels": labels is not None,
             "num_classes": num_classes,
+        } | self._edge_header()
+
+    def _edge_header(self) -> dict[str, Any]:
+        """Edge-column fields (format version 2); none for a store without them, so its
+        meta and content hash are those of format version 1."""
+        if not self.has_edge_data:
+            return {}
+        ef = self.edge_features
+        return {
+            "format_version": EDGE_FORMAT_VERSION,
+            "has_edge_weight": self.edge_weight is not None,
+            "edge_feature_dim": None if ef is None else int(ef.shape[1]),
         }
 
     def feature_chunks(self, *, progress: bool = False) -> Iterator[tuple[int, np.ndarray]]:
@@ -173,6 +202,9 @@ class StoreContents:
         h.array("indices", self.indices)
         h.array("node_ids", self.node_ids)
         h.array("labels", self.labels)
+        if self.has_edge_data:
+            h.array("edge_weight", self.edge_weight)
+            h.array("edge_features", self.edge_features)
         h.begin("features", self.features.dtype, (self.num_nodes, self.features.dim))
         return h
 
@@ -184,12 +216,19 @@ def contents_from_csc(
     labels: np.ndarray | None = None,
     node_ids: np.ndarray | None = None,
     features_in_storage_order: bool = False,
+    edge_weight: np.ndarray | None = None,
+    edge_features: np.ndarray | None = None,
 ) -> StoreContents:
     """Pair a CSC with features/labels/external IDs given in INPUT order.
 
     External IDs in storage order are ``node_ids[perm]``; without ``node_ids`` they are the
     input indices ``perm`` (so callers keep their numbering), and ``None`` for identity.
     ``features_in_storage_order`` says the source already yields rows in storage order.
+    ``edge_weight`` ``[E]`` / ``edge_features`` ``[E, d_e]`` are given per INPUT edge and
+    follow their edges into CSC order (the CSC must be built with ``track_edges``).
+
+    Raises:
+        ValueError: bad shapes or values (naming the first bad row or edge).
     """
     n = csc.num_nodes
     src = features if not isinstance(features, np.ndarray) else ArrayFeatures(features)
@@ -204,6 +243,14 @@ def contents_from_csc(
         node_ids = node_ids if perm is None else node_ids[perm]
     elif perm is not None:
         node_ids = perm
+    if edge_weight is not None or edge_features is not None:
+        order = csc.edge_order
+        if order is None:
+            raise ValueError("edge data needs a CSC built with track_edges=True")
+        if edge_weight is not None:
+            edge_weight = validate_edge_weight(edge_weight, order.size)[order]
+        if edge_features is not None:
+            edge_features = validate_edge_features(edge_features, order.size)[order]
     return StoreContents(
         indptr=csc.indptr,
         indices=csc.indices,
@@ -213,6 +260,8 @@ def contents_from_csc(
         labels=labels,
         ordering=csc.ordering,
         flags=csc.flags,
+        edge_weight=edge_weight,
+        edge_features=edge_features,
     )
 
 
@@ -226,6 +275,8 @@ class GraphArrays:
     features: np.ndarray
     node_ids: np.ndarray | None
     labels: np.ndarray | None
+    edge_weight: np.ndarray | None = None
+    edge_features: np.ndarray | None = None
 
 
 def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArrays:
@@ -246,7 +297,14 @@ def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArra
             h.feed(rows)
     meta = GraphMeta(**contents.header(), version=h.hexdigest(), created_at=utc_now())
     return GraphArrays(
-        meta, contents.indptr, contents.indices, feats, contents.node_ids, contents.labels
+        meta,
+        contents.indptr,
+        contents.indices,
+        feats,
+        contents.node_ids,
+        contents.labels,
+        contents.edge_weight,
+        contents.edge_features,
     )
 
 
@@ -272,6 +330,10 @@ def write_contents(
             _save(tmp / NODE_IDS_FILE, contents.node_ids.astype(np.int64, copy=False))
         if contents.labels is not None:
             _save(tmp / LABELS_FILE, contents.labels.astype(np.int64, copy=False))
+        if contents.edge_weight is not None:
+            _save(tmp / EDGE_WEIGHT_FILE, contents.edge_weight.astype(np.float32, copy=False))
+        if contents.edge_features is not None:
+            _save(tmp / EDGE_FEATURES_FILE, contents.edge_features.astype(np.float32, copy=False))
         shape = (contents.num_nodes, contents.features.dim)
         if shape[0] * shape[1] == 0:  # numpy cannot memory-map an empty array
             _save(tmp / FEATURES_FILE, np.zeros(shape, dtype=contents.features.dtype))

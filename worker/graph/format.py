@@ -11,6 +11,14 @@ A graph store is a directory holding ``meta.json`` plus ``.npy`` arrays, all in 
 - ``node_ids.npy`` int64 ``[N]`` (optional): external ID of each storage node; absent means
   identity (external ID == storage index).
 - ``labels.npy``   int64 ``[N]`` (optional): class per node, ``-1`` = unlabeled.
+- ``edge_weight.npy``   float32 ``[E]`` (optional): one weight per edge, in CSC order (entry
+  ``k`` belongs to the edge ``indices[k]`` of the destination whose segment holds ``k``).
+- ``edge_features.npy`` float32 ``[E, d_e]`` (optional): edge feature rows, in CSC order.
+
+A store holding edge columns is written as format version 2 (``has_edge_weight`` /
+``edge_feature_dim`` in the meta), so a hopserve that predates them refuses it instead of
+serving the graph without its edge data; a store without them stays version 1, with the
+same meta and content hash as before.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ __all__ = [
     "FEATURES_FILE",
     "NODE_IDS_FILE",
     "LABELS_FILE",
+    "EDGE_WEIGHT_FILE",
+    "EDGE_FEATURES_FILE",
     "GraphFlags",
     "GraphMeta",
     "indices_dtype_for",
@@ -49,6 +59,9 @@ INDICES_FILE = "indices.npy"
 FEATURES_FILE = "features.npy"
 NODE_IDS_FILE = "node_ids.npy"
 LABELS_FILE = "labels.npy"
+EDGE_WEIGHT_FILE = "edge_weight.npy"
+EDGE_FEATURES_FILE = "edge_features.npy"
+EDGE_FORMAT_VERSION = 2  # a store with edge columns; 1 without (unchanged)
 
 Ordering = Literal["rcmk", "identity"]
 FeatureDtype = Literal["float32", "float16"]
@@ -80,7 +93,7 @@ class GraphMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1, 2] = FORMAT_VERSION
     num_nodes: int = Field(ge=0)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=0)
@@ -93,6 +106,10 @@ class GraphMeta(BaseModel):
     has_labels: bool
     num_classes: int | None = Field(default=None, ge=0)
     created_at: str
+    has_edge_weight: bool = Field(default=False, description="edge_weight.npy [E] (v2)")
+    edge_feature_dim: int | None = Field(
+        default=None, ge=0, description="width of edge_features.npy [E, d_e] (v2); None: absent"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphMeta:
@@ -102,6 +119,13 @@ class GraphMeta(BaseModel):
             )
         if self.has_labels and self.num_classes is None:
             raise ValueError("num_classes is required when has_labels is true")
+        has_edge_data = self.has_edge_weight or self.edge_feature_dim is not None
+        if has_edge_data != (self.format_version == EDGE_FORMAT_VERSION):
+            raise ValueError(
+                f"format_version {self.format_version} does not match the edge columns "
+                f"(has_edge_weight={self.has_edge_weight}, "
+                f"edge_feature_dim={self.edge_feature_dim}): version 2 exactly when present"
+            )
         return self
 
 
@@ -136,7 +160,11 @@ def read_meta(directory: str | Path) -> GraphMeta:
 def write_meta(directory: str | Path, meta: GraphMeta) -> Path:
     """Write ``meta.json`` (pretty-printed) into ``directory``; return its path."""
     path = Path(directory) / META_FILE
-    path.write_text(json.dumps(meta.model_dump(mode="json"), indent=2) + "\n")
+    fields = meta.model_dump(mode="json")
+    if meta.format_version < EDGE_FORMAT_VERSION:  # a v1 meta stays as it always was
+        fields.pop("has_edge_weight")
+        fields.pop("edge_feature_dim")
+    path.write_text(json.dumps(fields, indent=2) + "\n")
     return path
 
 

@@ -70,12 +70,14 @@ def rcmk_permutation(
 
 
 def permute_csc(
-    indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray, *, edge_order: bool = False
+) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Renumber a CSC graph so that new node ``s`` is old node ``perm[s]``.
 
     Returns the new ``(indptr, indices)`` with each segment sorted ascending; ``indices``
-    keeps its dtype.
+    keeps its dtype. With ``edge_order``, also the int64 ``[E]`` array whose entry ``k``
+    is the old position of new edge ``k`` (a stable sort: parallel edges keep their
+    relative order), to carry per-edge columns along.
     """
     n = perm.size
     inv = invert_permutation(perm)
@@ -83,9 +85,16 @@ def permute_csc(
     keys = np.repeat(inv, deg)  # new destination of each edge
     keys *= n
     keys += inv[indices]
-    keys.sort()
+    order = None
+    if edge_order:
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+    else:
+        keys.sort()
     new_dst, new_src = np.divmod(keys, n)
     del keys
     new_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(new_dst, minlength=n), out=new_indptr[1:])
+    if order is not None:
+        return new_indptr, new_src.astype(indices.dtype, copy=False), order
     return new_indptr, new_src.astype(indices.dtype, copy=False)

@@ -72,6 +72,9 @@ class GraphStore:
         features: float32/float16 ``[N, F]``.
         labels: int64 ``[N]`` (``-1`` = unlabeled) or ``None``.
         node_ids: int64 ``[N]`` external ID per storage node, or ``None`` (identity).
+        edge_weight: float32 ``[E]`` weight per edge in CSC order (entry ``k`` belongs to
+            ``indices[k]``), or ``None``.
+        edge_features: float32 ``[E, d_e]`` features per edge in CSC order, or ``None``.
         version: content-hash version id from the meta.
         ordering: ``"rcmk"`` or ``"identity"``.
         path: the directory it was opened from, or ``None`` when built in memory.
@@ -89,21 +92,28 @@ class GraphStore:
         node_ids: np.ndarray | torch.Tensor | None = None,
         path: str | Path | None = None,
         topology: GraphTopology | None = None,
+        edge_weight: np.ndarray | torch.Tensor | None = None,
+        edge_features: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         # ``topology``: an existing view of the same arrays (a living graph's snapshot,
-        # with its degrees and ID index carried over) instead of a new one.
+        # with its degrees, ID index and edge columns carried over) instead of a new one.
         self.topology = topology or GraphTopology(
             meta,
             _writable(indptr),
             _writable(indices),
             None if node_ids is None else _writable(node_ids),
             path,
+            edge_weight=None if edge_weight is None else _writable(edge_weight),
+            edge_features=None if edge_features is None else _writable(edge_features),
         )
         topo = self.topology
         self.meta = meta
         self.indptr = torch.from_numpy(topo.indptr)  # zero-copy views of the topology
         self.indices = torch.from_numpy(topo.indices)
         self.node_ids = None if topo.node_ids is None else torch.from_numpy(topo.node_ids)
+        ew, ef = topo.edge_weight, topo.edge_features
+        self.edge_weight = None if ew is None else torch.from_numpy(ew)
+        self.edge_features = None if ef is None else torch.from_numpy(ef)
         self.features = _tensor(features)
         self.labels = None if labels is None else _tensor(labels)
         self.path = topo.path
@@ -148,6 +158,7 @@ class GraphStore:
             labels=labels,
             node_ids=topo.node_ids,
             path=path,
+            topology=topo,
         )
         log.debug("opened %r", store)
         return store
@@ -161,6 +172,8 @@ class GraphStore:
             features=arrays.features,
             labels=arrays.labels,
             node_ids=arrays.node_ids,
+            edge_weight=arrays.edge_weight,
+            edge_features=arrays.edge_features,
         )
 
     @classmethod
@@ -176,6 +189,8 @@ class GraphStore:
         add_self_loops: bool = False,
         dedup: bool = False,
         progress: bool = False,
+        edge_weight: Any | None = None,
+        edge_attr: Any | None = None,
     ) -> GraphStore:
         """Build an in-memory store from a ``[2, E]`` edge index (``edge_index[0]`` = source).
 
@@ -184,8 +199,15 @@ class GraphStore:
         With ``reorder=None`` and no ``node_ids`` the store is identity-ordered, ``node_ids``
         is ``None`` and a float32/float16 contiguous CPU ``x`` is used without a copy.
 
+        ``edge_weight`` ``[E]`` and ``edge_attr`` ``[E, d_e]`` (column ``e`` of
+        ``edge_index`` owns row ``e``; a ``[E, 1]`` weight is flattened, a ``[E]`` ``edge_attr``
+        is one feature per edge, ``[E, 1]``) are stored as
+        float32 :attr:`edge_weight` / :attr:`edge_features` in CSC order; they rule out
+        ``symmetrize``, ``add_self_loops`` and ``dedup``.
+
         Raises:
-            ValueError: bad shapes, dtypes, out-of-range endpoints, duplicate ``node_ids``.
+            ValueError: bad shapes, dtypes, out-of-range endpoints, duplicate ``node_ids``,
+                non-finite edge data (naming the first bad edge).
         """
         ei = _numpy(edge_index)
         if ei.ndim != 2 or ei.shape[0] != 2:
@@ -197,6 +219,12 @@ class GraphStore:
         n = x_np.shape[0]
         lab = None if labels is None else validate_labels(_numpy(labels), n)
         ids = None if node_ids is None else validate_node_ids(_numpy(node_ids), n)
+        ew = None if edge_weight is None else _numpy(edge_weight)
+        if ew is not None and ew.ndim == 2 and ew.shape[1] == 1:
+            ew = ew.reshape(-1)
+        ea = None if edge_attr is None else _numpy(edge_attr)
+        if ea is not None and ea.ndim == 1:  # one feature per edge
+            ea = ea.reshape(-1, 1)
         csc = build_csc(
             ei[0],
             ei[1],
@@ -206,23 +234,36 @@ class GraphStore:
             dedup=dedup,
             reorder=reorder,
             progress=progress,
+            track_edges=ew is not None or ea is not None,
         )
-        arrays = materialize(
-            contents_from_csc(csc, x_np, labels=lab, node_ids=ids), progress=progress
+        contents = contents_from_csc(
+            csc, x_np, labels=lab, node_ids=ids, edge_weight=ew, edge_features=ea
         )
+        arrays = materialize(contents, progress=progress)
         if x_is_tensor and arrays.features is x_np:
             arrays.features = x.detach()  # keep the caller's tensor object (no copy)
         return cls._from_arrays(arrays)
 
     @classmethod
-    def from_pyg(cls, data: Any, **kw: Any) -> GraphStore:
-        """Build from a ``torch_geometric.data.Data`` (``edge_index``, ``x``, optional ``y``).
+    def from_pyg(cls, data: Any, *, edge_data: bool = True, **kw: Any) -> GraphStore:
+        """Build from a ``torch_geometric.data.Data`` (``edge_index``, ``x``, optional ``y``,
+        ``edge_weight``, ``edge_attr``).
 
         ``y`` becomes labels when it is an integer tensor of shape ``[N]`` or ``[N, 1]``;
-        pass ``labels=`` to override. Other keywords go to :meth:`from_edge_index`.
+        pass ``labels=`` to override. ``data.edge_weight`` ``[E]`` becomes the store's edge
+        weights and ``data.edge_attr`` ``[E, d_e]`` (or ``[E]``: one feature) its edge
+        features, what a model's ``forward(x, edge_index, edge_weight)`` /
+        ``forward(x, edge_index, edge_attr)`` is served with; ``edge_data=False`` leaves
+        both out (or pass ``edge_weight=`` / ``edge_attr=`` yourself). Other keywords go
+        to :meth:`from_edge_index`.
         """
         if getattr(data, "x", None) is None or getattr(data, "edge_index", None) is None:
             raise ValueError("data must have x and edge_index")
+        if edge_data:
+            for key in ("edge_weight", "edge_attr"):
+                value = getattr(data, key, None)
+                if key not in kw and value is not None:
+                    kw[key] = value
         if "labels" not in kw:
             y = getattr(data, "y", None)
             n = data.x.shape[0]
@@ -239,12 +280,16 @@ class GraphStore:
         *,
         feature_key: str | None = None,
         label_key: str | None = "label",
+        edge_weight_key: str | None = "auto",
+        edge_feature_key: str | None = "auto",
         **kw: Any,
     ) -> GraphStore:
-        """Build from a homogeneous ``dgl.DGLGraph`` (edges, ``ndata`` features and labels).
+        """Build from a homogeneous ``dgl.DGLGraph`` (edges, ``ndata`` features and labels,
+        ``edata`` weights and features).
 
         Node ``i`` of ``g`` keeps external ID ``i`` (unless ``node_ids=`` is given); edge
-        direction is DGL's (``g.edges()[0]`` is the source).
+        direction is DGL's (``g.edges()[0]`` is the source); edge ``e`` keeps its ``edata``
+        rows.
 
         Args:
             g: a homogeneous DGLGraph (one node type, one edge type), on any device.
@@ -253,6 +298,11 @@ class GraphStore:
             label_key: ``ndata`` key of integer labels ``[N]`` / ``[N, 1]``; a missing key
                 means no labels, a non-integer tensor is ignored with a warning; ``None``
                 skips labels.
+            edge_weight_key: ``edata`` key of per-edge weights ``[E]`` (or ``[E, 1]``);
+                ``"auto"``: the first of ``"weight"``, ``"w"``, ``"edge_weight"`` present;
+                ``None``: no weights.
+            edge_feature_key: ``edata`` key of edge features ``[E, d_e]``; ``"auto"``:
+                the first of ``"feat"``, ``"h"``, ``"edge_attr"`` present; ``None``: none.
             **kw: passed to :meth:`from_edge_index` (``reorder``, ``symmetrize``,
                 ``add_self_loops``, ``dedup``, ``node_ids``, ``progress``, ``labels``).
 
@@ -290,6 +340,20 @@ class GraphStore:
                     label_key,
                     tuple(y.shape),
                 )
+        ekeys = list(g.edata.keys())
+        for arg, key, auto in (
+            ("edge_weight", edge_weight_key, ("weight", "w", "edge_weight")),
+            ("edge_attr", edge_feature_key, ("feat", "h", "edge_attr")),
+        ):
+            if arg in kw or key is None:
+                continue
+            if key == "auto":
+                key = next((k for k in auto if k in ekeys), None)
+                if key is None:
+                    continue
+            elif key not in ekeys:
+                raise ValueError(f"edata has no key {key!r} (edata keys: {ekeys})")
+            kw[arg] = g.edata[key].detach().cpu()
         src, dst = g.edges()
         edge_index = torch.stack([src.long(), dst.long()]).cpu()
         return cls.from_edge_index(edge_index, x.detach().cpu(), **kw)
@@ -309,6 +373,8 @@ class GraphStore:
             labels=None if self.labels is None else self.labels.numpy(),
             ordering=self.ordering,
             flags=self.meta.flags,
+            edge_weight=None if self.edge_weight is None else self.edge_weight.numpy(),
+            edge_features=None if self.edge_features is None else self.edge_features.numpy(),
         )
         meta = write_contents(path, contents, overwrite=overwrite, progress=progress)
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug
@@ -365,10 +431,19 @@ class GraphStore:
         """Storage indices ordered by ascending external ID (cached; ``arange`` for identity)."""
         return torch.from_numpy(self.topology.sorted_external_order)
 
+    def _edge_repr(self) -> str:
+        parts = []
+        if self.edge_weight is not None:
+            parts.append("edge_weight, ")
+        if self.edge_features is not None:
+            parts.append(f"edge_dim={self.edge_features.shape[1]}, ")
+        return "".join(parts)
+
     def __repr__(self) -> str:
         where = f", path='{self.path}'" if self.path else ""
         return (
             f"GraphStore(nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
             f"dim={self.feature_dim}, dtype={self.meta.feature_dtype}, "
+            f"{self._edge_repr()}"
             f"ordering={self.ordering}, version={self.version[:12]}{where})"
         )

@@ -17,6 +17,8 @@ import numpy as np
 
 from hopserve.worker.graph.errors import GraphFormatError
 from hopserve.worker.graph.format import (
+    EDGE_FEATURES_FILE,
+    EDGE_WEIGHT_FILE,
     INDICES_FILE,
     INDPTR_FILE,
     NODE_IDS_FILE,
@@ -57,6 +59,8 @@ class GraphTopology:
         indices: int32 (``N < 2**31``) or int64 ``[E]``.
         node_ids: int64 ``[N]`` external ID per storage node, or ``None`` (identity).
         path: The directory it was opened from, or ``None`` when built in memory.
+        edge_weight: float32 ``[E]`` per-edge weight in CSC order, or ``None``.
+        edge_features: float32 ``[E, d_e]`` per-edge features in CSC order, or ``None``.
     """
 
     def __init__(
@@ -66,19 +70,36 @@ class GraphTopology:
         indices: np.ndarray,
         node_ids: np.ndarray | None = None,
         path: str | Path | None = None,
+        *,
+        edge_weight: np.ndarray | None = None,
+        edge_features: np.ndarray | None = None,
     ) -> None:
         self.meta = meta
         self.indptr = indptr
         self.indices = indices
         self.node_ids = node_ids
+        self.edge_weight = edge_weight
+        self.edge_features = edge_features
         self.path = None if path is None else Path(path)
         n, e = meta.num_nodes, meta.num_edges
+        d_e = meta.edge_feature_dim
         where = str(self.path) if self.path else "graph"
         for ok, what in (
             (indptr.shape == (n + 1,), f"indptr shape {list(indptr.shape)}"),
             (indices.shape == (e,), f"indices shape {list(indices.shape)}"),
             (node_ids is None or node_ids.shape == (n,), "node_ids shape"),
             (int(indptr[0]) == 0 and int(indptr[-1]) == e, "indptr[0]/indptr[-1]"),
+            (
+                (edge_weight is None) != meta.has_edge_weight
+                and (edge_weight is None or edge_weight.shape == (e,)),
+                "edge_weight " + ("absent" if edge_weight is None else f"{[*edge_weight.shape]}"),
+            ),
+            (
+                (edge_features is None) == (d_e is None)
+                and (edge_features is None or edge_features.shape == (e, d_e)),
+                "edge_features "
+                + ("absent" if edge_features is None else f"{[*edge_features.shape]}"),
+            ),
         ):
             if not ok:
                 raise GraphFormatError(f"{where}: {what} inconsistent with meta (N={n}, E={e})")
@@ -104,7 +125,26 @@ class GraphTopology:
             if meta.has_node_ids
             else None
         )
-        return cls(meta, indptr, indices, node_ids, path)
+        edge_weight = (
+            load_array(path, EDGE_WEIGHT_FILE, mmap=mmap, dtype=np.float32, shape=(e,))
+            if meta.has_edge_weight
+            else None
+        )
+        d_e = meta.edge_feature_dim
+        edge_features = (
+            load_array(path, EDGE_FEATURES_FILE, mmap=mmap, dtype=np.float32, shape=(e, d_e))
+            if d_e is not None
+            else None
+        )
+        return cls(
+            meta,
+            indptr,
+            indices,
+            node_ids,
+            path,
+            edge_weight=edge_weight,
+            edge_features=edge_features,
+        )
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -114,6 +154,11 @@ class GraphTopology:
     @property
     def num_edges(self) -> int:
         return self.meta.num_edges
+
+    @property
+    def has_edge_data(self) -> bool:
+        """Whether the graph holds edge weights or edge features."""
+        return self.edge_weight is not None or self.edge_features is not None
 
     @property
     def version(self) -> str:

@@ -198,7 +198,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
         (lambda m: m.pop("num_nodes"), r"meta\.json.*field 'num_nodes'.*required"),
         (lambda m: m.update(num_edges="many"), r"meta\.json.*field 'num_edges'"),
         (lambda m: m.update(feature_dtype="int8"), r"field 'feature_dtype'"),
-        (lambda m: m.update(format_version=2), r"field 'format_version'"),
+        (lambda m: m.update(format_version=3), r"field 'format_version'"),
         (lambda m: m.update(ordering="metis"), r"field 'ordering'"),
         (lambda m: m.update(num_nodes=31), r"indptr\.npy: shape \[31\], expected \[32\]"),
     ],

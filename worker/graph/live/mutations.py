@@ -20,13 +20,30 @@ import numpy as np
 
 from hopserve.worker.graph.ids import first_duplicate
 
-__all__ = ["InvalidUpdateError", "MutationBatch", "ResolvedBatch", "decode", "encode", "resolve"]
+__all__ = [
+    "EDGE_DATA_REFUSAL",
+    "InvalidUpdateError",
+    "MutationBatch",
+    "ResolvedBatch",
+    "decode",
+    "encode",
+    "resolve",
+]
 
 MAX_KEY_CHARS = 128
 
 
 class InvalidUpdateError(ValueError):
     """The batch cannot be applied (names the offending mutation); nothing was applied."""
+
+
+EDGE_DATA_REFUSAL = (
+    "the graph holds edge weights or edge features, and updates do not carry edge data "
+    "yet: added edges would have no weight or features (and removed ones would misalign "
+    "the edge columns), and compaction would not keep the columns; nothing was applied. "
+    "Rebuild the store with the new edges and their edge data (hopserve ingest)"
+)
+"""Why every batch on a graph with edge columns is refused (never silently dropped)."""
 
 
 _WHAT = {  # field -> the mutation's name in error messages
@@ -38,6 +55,11 @@ _WHAT = {  # field -> the mutation's name in error messages
     "set_node_ids": "set_features",
 }
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def _name(graph) -> str:  # noqa: ANN001 - a GraphSnapshot
+    path = getattr(graph, "path", None)
+    return path.name if path is not None else "(in memory)"
 
 
 def _ids(values: object, what: str) -> np.ndarray:
@@ -171,8 +193,11 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     Raises:
         InvalidUpdateError: the first problem found, naming the mutation: an unknown
             endpoint, a duplicate or existing new ID, a pair to remove that is not an
-            edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key.
+            edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key; any
+            batch on a graph holding edge weights or features (:data:`EDGE_DATA_REFUSAL`).
     """
+    if getattr(graph, "has_edge_data", False) and not batch.empty:
+        raise InvalidUpdateError(f"graph {_name(graph)}: {EDGE_DATA_REFUSAL}")
     key = batch.idempotency_key
     if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isprintable():
         raise InvalidUpdateError(

@@ -17,9 +17,19 @@ from functools import cached_property
 import numpy as np
 
 from hopserve.worker.graph.errors import UnknownNodeError
-from hopserve.worker.graph.format import GraphMeta, indices_dtype_for
+from hopserve.worker.graph.format import (
+    EDGE_FEATURES_FILE,
+    EDGE_WEIGHT_FILE,
+    GraphMeta,
+    indices_dtype_for,
+    load_array,
+)
 from hopserve.worker.graph.ids import IdIndex
-from hopserve.worker.graph.live.mutations import ResolvedBatch
+from hopserve.worker.graph.live.mutations import (
+    EDGE_DATA_REFUSAL,
+    InvalidUpdateError,
+    ResolvedBatch,
+)
 from hopserve.worker.graph.planner import segment_positions
 from hopserve.worker.graph.topology import GraphTopology
 
@@ -103,8 +113,16 @@ class GraphSnapshot(GraphTopology):
         out_degrees: np.ndarray | None = None,
         out_csr: tuple[np.ndarray, np.ndarray] | None = None,
         self_loops: np.ndarray | None = None,
+        edge_weight: np.ndarray | None = None,
+        edge_features: np.ndarray | None = None,
     ) -> None:
-        super().__init__(meta, indptr, indices, node_ids, path)
+        if path is not None and edge_weight is None and edge_features is None:
+            # A base store's columns, mapped from its folder (not passed by every caller).
+            edge_weight, edge_features = _edge_columns(meta, path)
+        super().__init__(
+            meta, indptr, indices, node_ids, path,
+            edge_weight=edge_weight, edge_features=edge_features,
+        )  # fmt: skip
         self.seq = int(seq)
         self.base_version = base_version
         if id_index is not None:
@@ -123,6 +141,7 @@ class GraphSnapshot(GraphTopology):
         return cls(
             topology.meta, topology.indptr, topology.indices, topology.node_ids, topology.path,
             seq=0, base_version=topology.version,
+            edge_weight=topology.edge_weight, edge_features=topology.edge_features,
         )  # fmt: skip
 
     @property
@@ -173,6 +192,17 @@ class GraphSnapshot(GraphTopology):
     @cached_property
     def sorted_external_order(self) -> np.ndarray:
         return self.id_index.sorted_order()
+
+
+def _edge_columns(meta: GraphMeta, path) -> tuple[np.ndarray | None, np.ndarray | None]:  # noqa: ANN001
+    """The edge columns ``meta`` says the store at ``path`` holds (memory-mapped)."""
+    e, d_e = meta.num_edges, meta.edge_feature_dim
+    weight = features = None
+    if meta.has_edge_weight:
+        weight = load_array(path, EDGE_WEIGHT_FILE, dtype=np.float32, shape=(e,))
+    if d_e is not None:
+        features = load_array(path, EDGE_FEATURES_FILE, dtype=np.float32, shape=(e, d_e))
+    return weight, features
 
 
 def build_csr(indptr: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +278,15 @@ def splice_csc(
 
 
 def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
-    """The snapshot after ``batch`` (``snap`` is left untouched)."""
+    """The snapshot after ``batch`` (``snap`` is left untouched).
+
+    Raises:
+        InvalidUpdateError: the batch adds or removes edges of a graph holding edge
+            weights or features (:func:`~.mutations.resolve` refuses it first; this guards
+            against splicing the CSC without its edge columns).
+    """
+    if snap.has_edge_data and (batch.add_src.size or batch.remove_src.size):
+        raise InvalidUpdateError(EDGE_DATA_REFUSAL)
     n_before = snap.num_nodes
     k = batch.new_node_ids.size
     n = n_before + k
@@ -302,4 +340,5 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         meta, indptr, indices, node_ids, snap.path,
         seq=batch.seq, base_version=snap.base_version, id_index=index,
         in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
+        edge_weight=snap.edge_weight, edge_features=snap.edge_features,  # no edge changed
     )  # fmt: skip
