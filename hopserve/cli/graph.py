@@ -38,6 +38,13 @@ class Reorder(enum.StrEnum):
     none = "none"
 
 
+class EdgeData(enum.StrEnum):
+    """``--edge-data`` choices: what the edge file's columns after src, dst hold."""
+
+    weight = "weight"
+    features = "features"
+
+
 class FeatureDtype(enum.StrEnum):
     """``--dtype`` choices."""
 
@@ -128,9 +135,21 @@ def ingest_cmd(
     edges: Annotated[
         Path | None,
         typer.Option(
-            "--edges", help="Edge list: CSV/TSV/text (src dst), .npy [E,2]/[2,E] or .npz."
+            "--edges",
+            help="Edge list: CSV/TSV/text (src dst [edge data columns]), .npy [E,2]/[2,E]/"
+            "[E,2+k] or .npz (src, dst, optional edge_weight [E], edge_features [E,d_e]).",
         ),
     ] = None,
+    edge_data: Annotated[
+        EdgeData,
+        typer.Option(
+            "--edge-data",
+            help="What columns after src, dst hold: 'weight' = the 3rd is the edge weight, "
+            "more are edge features (src,dst,weight,f1..fk); 'features' = all are edge "
+            "features (src,dst,f1..fk). Stored in CSC order; a model's forward(x, "
+            "edge_index, edge_weight / edge_attr) is served with them.",
+        ),
+    ] = EdgeData.weight,
     features: Annotated[
         Path | None, typer.Option("--features", help="Node features .npy [N, F].")
     ] = None,
@@ -227,6 +246,7 @@ def ingest_cmd(
             skip_header=skip_header,
             overwrite=force,
             progress=progress,
+            edge_data=edge_data.value,
         )
     )
     typer.echo(f"wrote {out}: {result.store!r}")

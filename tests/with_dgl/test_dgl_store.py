@@ -96,3 +96,25 @@ def test_cli_ingest_from_dgl(tmp_path):
     assert res.exit_code == 2 and "no such file" in res.output
     res = runner.invoke(app, ["ingest", "--out", str(tmp_path / "e")])
     assert res.exit_code == 2 and "missing --edges and --features" in res.output
+
+
+def test_from_dgl_takes_edge_weight_and_features():
+    g = _graph(60)
+    gen = torch.Generator().manual_seed(5)
+    g.edata["w"] = torch.rand(g.num_edges(), generator=gen) + 0.1
+    g.edata["feat"] = torch.randn(g.num_edges(), 3, generator=gen)
+    store = GraphStore.from_dgl(g)
+    assert store.meta.has_edge_weight and store.meta.edge_feature_dim == 3
+    ext = store.to_external(store.edge_index())
+    src, dst = g.edges()
+
+    def rows(s, d, w, f):
+        return sorted(zip(s.tolist(), d.tolist(), w.tolist(), map(tuple, f.tolist()), strict=True))
+
+    assert rows(ext[0], ext[1], store.edge_weight, store.edge_features) == rows(
+        src, dst, g.edata["w"], g.edata["feat"]
+    )
+    none = GraphStore.from_dgl(g, edge_weight_key=None, edge_feature_key=None)
+    assert none.edge_weight is None and none.edge_features is None
+    with pytest.raises(ValueError, match="edata has no key 'weight'"):
+        GraphStore.from_dgl(g, edge_weight_key="weight")

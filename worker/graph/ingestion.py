@@ -3,7 +3,9 @@
 Inputs are read by :mod:`~.readers` (edge list as text/.npy/.npz, features/.npy, optional
 external node IDs and labels). With node IDs, row ``i`` of that file is the external ID of
 feature row ``i`` and edge endpoints are external IDs; without, endpoints are feature row
-indices ``0..N-1``. Every problem raises :class:`~.errors.IngestError` naming the file and,
+indices ``0..N-1``. Edge data columns (an edge weight, edge features) follow their edges
+into the store's CSC order (see :mod:`~.readers` for the column convention). Every problem
+raises :class:`~.errors.IngestError` naming the file and,
 where it applies, the 1-based row; nothing is left on disk when ingest fails (the write
 is atomic, and a non-empty target is refused before any work unless ``overwrite``).
 :func:`ingest_with_stats` also returns what the edge transforms did (e.g. how many reverse
@@ -119,10 +121,14 @@ def ingest_with_stats(
     skip_header: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    edge_data: str = "weight",
 ) -> IngestResult:
     """Validate input files, build the CSC store and write it to ``out`` atomically.
 
     ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
+    ``edge_data`` says what the edge file's columns after ``src, dst`` hold: ``"weight"``
+    (the third is the weight, further ones edge features) or ``"features"``; an edge file
+    with edge data cannot be combined with ``symmetrize``, ``add_self_loops`` or ``dedup``.
 
     Returns:
         The written store (opened memory-mapped) and :class:`~.build.BuildStats`
@@ -149,7 +155,32 @@ def ingest_with_stats(
         )
     lab = None if labels is None else load_labels(labels, n)
     check_features_finite(feats_path, feats, progress=progress)
-    edge_list = read_edges(edges, delimiter=delimiter, skip_header=skip_header, progress=progress)
+    edge_list = read_edges(
+        edges,
+        delimiter=delimiter,
+        skip_header=skip_header,
+        progress=progress,
+        edge_data=edge_data,
+    )
+    weight, edge_feats = edge_list.weight, edge_list.features
+    has_edge_data = weight is not None or edge_feats is not None
+    if has_edge_data and (symmetrize or add_self_loops or dedup):
+        flags = [
+            flag
+            for flag, on in (
+                ("--symmetrize", symmetrize),
+                ("--self-loops", add_self_loops),
+                ("--dedup", dedup),
+            )
+            if on
+        ]
+        raise IngestError(
+            edge_list.file,
+            None,
+            f"has edge data columns, which {', '.join(flags)} cannot keep (added edges "
+            "would have no weight or features, dedup would merge differing rows); add "
+            "those edges with their data to the file instead",
+        )
     src, dst = _resolve_endpoints(edge_list, n, ids, ids_path, feats_path)
     log.info("read %d edges over %d nodes from %s", src.size, n, edge_list.file)
     csc = build_csc(
@@ -161,9 +192,17 @@ def ingest_with_stats(
         dedup=dedup,
         reorder=reorder,
         progress=progress,
+        track_edges=has_edge_data,
     )
     del src, dst, edge_list
-    contents = contents_from_csc(csc, ArrayFeatures(feats), labels=lab, node_ids=ids)
+    contents = contents_from_csc(
+        csc,
+        ArrayFeatures(feats),
+        labels=lab,
+        node_ids=ids,
+        edge_weight=weight,
+        edge_features=edge_feats,
+    )
     write_contents(out, contents, overwrite=overwrite, progress=progress)
     log.info("ingest done in %.1fs", time.perf_counter() - t0)
     return IngestResult(GraphStore.open(out), csc.stats)

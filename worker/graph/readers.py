@@ -1,11 +1,19 @@
 """Readers for ingest input files, each validating its input (errors name file and row).
 
-- edges: text (CSV/TSV/whitespace; two integer columns ``src dst``; ``#`` comments and
-  blank lines allowed; parsed in 16 MiB chunks with np.loadtxt and a progress bar by
-  bytes; a rejected chunk is re-scanned line by line only to name the bad row), ``.npy``
-  of shape ``[E, 2]`` or ``[2, E]`` (``[2, 2]`` is read as ``[E, 2]``), or ``.npz`` with
-  arrays ``src`` and ``dst`` (or ``edge_index`` ``[2, E]``). Delimiter: ``.csv`` -> comma,
+- edges: text (CSV/TSV/whitespace; integer columns ``src dst``, optionally followed by
+  edge data columns (below); ``#`` comments and blank lines allowed; parsed in 16 MiB
+  chunks with np.loadtxt and a progress bar by bytes; a rejected chunk is re-scanned line
+  by line only to name the bad row), ``.npy`` of shape ``[E, 2]`` or ``[2, E]``
+  (``[2, 2]`` is read as ``[E, 2]``) or ``[E, 2 + k]`` (edge data columns after src,
+  dst; src/dst must be whole numbers), or ``.npz`` with arrays ``src`` and ``dst`` (or
+  ``edge_index`` ``[2, E]``) and optionally ``edge_weight`` (or ``weight``) ``[E]`` and
+  ``edge_features`` (or ``edge_attr``) ``[E, d_e]``. Delimiter: ``.csv`` -> comma,
   ``.tsv`` -> tab, anything else -> comma if the first data line has one, else whitespace.
+- edge data columns (text and ``.npy``): every row has the same number of columns. With
+  ``edge_data="weight"`` (the default) the third column is the edge weight and any
+  further columns are edge features (``src,dst,weight,f1,...,fk``); with
+  ``edge_data="features"`` every column after ``dst`` is an edge feature
+  (``src,dst,f1,...,fk``). Values must be finite numbers (NaN/Inf name the row).
 - features: ``.npy`` ``[N, F]`` float32/float16 (float64 is converted to float32),
   memory-mapped read-only and scanned in chunks for NaN/Inf.
 - node IDs: ``.npy`` ``[N]`` distinct integers. labels: ``.npy`` ``[N]`` integers ``>= -1``.
@@ -33,6 +41,7 @@ __all__ = [
     "EdgeList",
     "read_edges",
     "detect_delimiter",
+    "EDGE_DATA_MODES",
     "load_features",
     "check_features_finite",
     "load_node_ids",
@@ -41,6 +50,8 @@ __all__ = [
 
 _TEXT_CHUNK = 16 << 20  # bytes parsed per np.loadtxt call
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_EXACT_INT = 2**53  # whole numbers a float64 holds exactly
+EDGE_DATA_MODES = ("weight", "features")
 
 
 @dataclass
@@ -51,6 +62,8 @@ class EdgeList:
     src: np.ndarray  # int64 [E]
     dst: np.ndarray  # int64 [E]
     row_of: Callable[[int], int]  # edge number (0-based) -> 1-based file row
+    weight: np.ndarray | None = None  # float32 [E]
+    features: np.ndarray | None = None  # float32 [E, d_e]
 
     def __len__(self) -> int:
         return self.src.size
@@ -86,22 +99,47 @@ def _data_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def _split(content: str, delimiter: str | None) -> list[str]:
+    return [t.strip() for t in (content.split(delimiter) if delimiter else content.split())]
+
+
+def _column_names(columns: int) -> str:
+    return "src, dst" if columns == 2 else f"src, dst and {columns - 2} edge data columns"
+
+
 def _diagnose(
-    text: str, first_line: int, delimiter: str | None, path: Path, cause: str, header_hint: bool
+    text: str,
+    first_line: int,
+    delimiter: str | None,
+    path: Path,
+    cause: str,
+    header_hint: bool,
+    columns: int = 2,
 ) -> IngestError:
     """Find the first bad line of a chunk the fast parser rejected (slow path, errors only)."""
     for i, content in _data_lines(text):
         row = first_line + i
-        fields = [t.strip() for t in (content.split(delimiter) if delimiter else content.split())]
-        if len(fields) != 2:
+        fields = _split(content, delimiter)
+        if len(fields) != columns:
             return IngestError(
-                path, row, f"expected 2 columns (src, dst), got {len(fields)}: {content!r}"
+                path,
+                row,
+                f"expected {columns} columns ({_column_names(columns)}), got {len(fields)}: "
+                f"{content!r}",
             )
-        for tok in fields:
+        hint = " (a header line? use --skip-header)" if header_hint and row <= 2 else ""
+        for col, tok in enumerate(fields):
+            if col >= 2:  # edge data: any float
+                try:
+                    float(tok)
+                except ValueError:
+                    return IngestError(
+                        path, row, f"non-numeric edge data {tok!r} (column {col + 1}){hint}"
+                    )
+                continue
             try:
                 value = int(tok)
             except ValueError:
-                hint = " (a header line? use --skip-header)" if header_hint and row <= 2 else ""
                 return IngestError(path, row, f"non-numeric value {tok!r}{hint}")
             if not _INT64_MIN <= value <= _INT64_MAX:
                 return IngestError(path, row, f"value {tok} outside the int64 range")
@@ -109,21 +147,49 @@ def _diagnose(
 
 
 def _parse_text(
-    text: str, first_line: int, delimiter: str | None, path: Path, header_hint: bool
-) -> np.ndarray:
+    text: str,
+    first_line: int,
+    delimiter: str | None,
+    path: Path,
+    header_hint: bool,
+    columns: int = 2,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(int64 [n, 2] endpoints, float64 [n, columns - 2] edge data or None)``."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "input contained no data"
-            arr = np.loadtxt(
-                io.StringIO(text), dtype=np.int64, delimiter=delimiter, comments="#", ndmin=2
-            )
+            kw = {"delimiter": delimiter, "comments": "#", "ndmin": 2}
+            extra = None
+            if columns > 2:  # every column as a float first: the count, and numbers
+                extra = np.loadtxt(io.StringIO(text), dtype=np.float64, **kw)
+                if extra.size and extra.shape[1] != columns:
+                    raise ValueError(f"{extra.shape[1]} columns")
+                arr = np.loadtxt(io.StringIO(text), dtype=np.int64, usecols=(0, 1), **kw)
+            else:
+                arr = np.loadtxt(io.StringIO(text), dtype=np.int64, **kw)
     except ValueError as e:
-        raise _diagnose(text, first_line, delimiter, path, str(e), header_hint) from None
+        raise _diagnose(text, first_line, delimiter, path, str(e), header_hint, columns) from None
     if arr.size == 0:
-        return np.zeros((0, 2), dtype=np.int64)
+        return np.zeros((0, 2), dtype=np.int64), (
+            None if columns == 2 else np.zeros((0, columns - 2))
+        )
     if arr.shape[1] != 2:
-        raise _diagnose(text, first_line, delimiter, path, f"{arr.shape[1]} columns", header_hint)
-    return arr
+        raise _diagnose(
+            text, first_line, delimiter, path, f"{arr.shape[1]} columns", header_hint, columns
+        )
+    return arr, None if extra is None else extra[:, 2:]
+
+
+def count_columns(path: Path, delimiter: str | None, skip_header: bool) -> int:
+    """Columns of the first data line of a text edge file (2 when it has none)."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            if skip_header and i == 0:
+                continue
+            line = raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
+            if line:
+                return len(_split(line, delimiter))
+    return 2
 
 
 @dataclass
@@ -136,10 +202,12 @@ class _Chunk:
 
 def _read_text_edges(
     path: Path, delimiter: str | None, skip_header: bool, progress: bool
-) -> EdgeList:
+) -> tuple[EdgeList, np.ndarray | None]:
     size = path.stat().st_size
+    columns = max(2, count_columns(path, delimiter, skip_header))
     chunks: list[_Chunk] = []
     parts: list[np.ndarray] = []
+    extras: list[np.ndarray] = []
     line_no, edge_no, offset = 1, 0, 0
     with (
         open(path, "rb") as f,
@@ -166,9 +234,11 @@ def _read_text_edges(
                 piece, carry = data, b""
             if piece:
                 text = piece.decode("utf-8", errors="replace")
-                arr = _parse_text(text, line_no, delimiter, path, header_hint=not skip_header)
+                arr, extra = _parse_text(text, line_no, delimiter, path, not skip_header, columns)
                 chunks.append(_Chunk(offset, len(piece), line_no, edge_no))
                 parts.append(arr)
+                if extra is not None:
+                    extras.append(extra)
                 line_no += piece.count(b"\n")
                 offset += len(piece)
                 edge_no += arr.shape[0]
@@ -185,9 +255,13 @@ def _read_text_edges(
         line_offset, _ = _data_lines(text)[edge - chunk.first_edge]
         return chunk.first_line + line_offset
 
-    return EdgeList(
+    edge_list = EdgeList(
         path, np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]), row_of
     )
+    if columns == 2:
+        return edge_list, None
+    extra = np.concatenate(extras) if extras else np.zeros((0, columns - 2))
+    return edge_list, extra
 
 
 # ---------------------------------------------------------------------------- edges: arrays
@@ -201,25 +275,59 @@ def _int_edges(path: Path, arr: np.ndarray, what: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _read_npy_edges(path: Path) -> EdgeList:
+def _whole_numbers(path: Path, arr: np.ndarray) -> np.ndarray:
+    """The src/dst columns of a float ``[E, 2 + k]`` array as int64 (whole numbers only)."""
+    ends = np.asarray(arr[:, :2], dtype=np.float64)
+    bad = ~((ends == np.round(ends)) & (np.abs(ends) < _FLOAT_EXACT_INT)).all(axis=1)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise IngestError(
+            path, row + 1, f"src/dst {ends[row].tolist()} are not whole node IDs (below 2**53)"
+        )
+    return ends.astype(np.int64)
+
+
+def _read_npy_edges(path: Path) -> tuple[EdgeList, np.ndarray | None]:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:
         raise IngestError(path, None, f"cannot load .npy: {e}") from None
-    if arr.ndim != 2 or 2 not in arr.shape:
-        raise IngestError(path, None, f"shape {list(arr.shape)}, expected [E, 2] or [2, E]")
-    arr = _int_edges(path, arr, "edges")
-    if arr.shape[1] == 2:
-        src, dst = arr[:, 0], arr[:, 1]
+    if arr.ndim != 2 or (2 not in arr.shape and arr.shape[1] < 2):
+        raise IngestError(
+            path, None, f"shape {list(arr.shape)}, expected [E, 2], [2, E] or [E, 2 + k]"
+        )
+    extra = None
+    if arr.shape[1] != 2 and arr.shape[0] != 2:  # [E, 2 + k]: edge data columns
+        if arr.dtype.kind not in "fiu":
+            raise IngestError(path, None, f"edges: dtype {arr.dtype}, expected numbers")
+        ends = (
+            _whole_numbers(path, arr)
+            if arr.dtype.kind == "f"
+            else _int_edges(path, np.asarray(arr[:, :2]), "edges")
+        )
+        src, dst = ends[:, 0], ends[:, 1]
+        extra = np.asarray(arr[:, 2:], dtype=np.float64)
     else:
-        src, dst = arr[0], arr[1]
-    return EdgeList(path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1)
+        arr = _int_edges(path, arr, "edges")
+        if arr.shape[1] == 2:
+            src, dst = arr[:, 0], arr[:, 1]
+        else:
+            src, dst = arr[0], arr[1]
+    edge_list = EdgeList(
+        path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1
+    )
+    return edge_list, extra
+
+
+_NPZ_WEIGHT = ("edge_weight", "weight")
+_NPZ_FEATURES = ("edge_features", "edge_attr")
 
 
 def _read_npz_edges(path: Path) -> EdgeList:
+    keys = ("src", "dst", "edge_index", *_NPZ_WEIGHT, *_NPZ_FEATURES)
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files if k in ("src", "dst", "edge_index")}
+            arrays = {k: z[k] for k in z.files if k in keys}
             names = list(z.files)
     except (OSError, ValueError) as e:
         raise IngestError(path, None, f"cannot load .npz: {e}") from None
@@ -240,7 +348,49 @@ def _read_npz_edges(path: Path) -> EdgeList:
         raise IngestError(
             path, None, f"expected arrays 'src' and 'dst' or 'edge_index', found {names}"
         )
-    return EdgeList(path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1)
+    edge_list = EdgeList(
+        path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1
+    )
+    for names_, ndim, attr in ((_NPZ_WEIGHT, 1, "weight"), (_NPZ_FEATURES, 2, "features")):
+        name = next((k for k in names_ if k in arrays), None)
+        if name is None:
+            continue
+        value = arrays[name]
+        if value.dtype.kind not in "fiu":
+            raise IngestError(path, None, f"{name}: dtype {value.dtype}, expected numbers")
+        if value.ndim != ndim or value.shape[0] != src.size:
+            want = f"[{src.size}]" if ndim == 1 else f"[{src.size}, d_e]"
+            raise IngestError(
+                path, None, f"{name} shape {list(value.shape)}, expected {want} (one per edge)"
+            )
+        setattr(edge_list, attr, _finite_edge_data(edge_list, value, name))
+    return edge_list
+
+
+def _finite_edge_data(edges: EdgeList, values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as float32, refusing NaN/Inf (also float64 overflow) naming the row."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(values, dtype=np.float32)
+    finite = np.isfinite(out) if out.ndim == 1 else np.isfinite(out).all(axis=1)
+    if not finite.all():
+        e = int(np.argmax(~finite))
+        bad = np.asarray(values[e]).tolist()
+        raise IngestError(
+            edges.file, edges.row_of(e), f"{what} {bad} is not a finite float32 number"
+        )
+    return out
+
+
+def _attach_columns(edges: EdgeList, extra: np.ndarray, edge_data: str) -> EdgeList:
+    """Edge data columns after src, dst: weight first (``"weight"``) or all features."""
+    if extra.shape[1] == 0:
+        return edges
+    if edge_data == "weight":
+        edges.weight = _finite_edge_data(edges, extra[:, 0], "edge weight")
+        extra = extra[:, 1:]
+    if extra.shape[1]:
+        edges.features = _finite_edge_data(edges, extra, "edge features")
+    return edges
 
 
 def read_edges(
@@ -249,23 +399,34 @@ def read_edges(
     delimiter: str | None = None,
     skip_header: bool = False,
     progress: bool = True,
+    edge_data: str = "weight",
 ) -> EdgeList:
     """Read an edge file (text, ``.npy`` or ``.npz``; see module doc) into raw int64 arrays.
 
+    Args:
+        edge_data: what the columns after ``src, dst`` hold: ``"weight"`` (the third is
+            the edge weight, further ones edge features) or ``"features"`` (all edge
+            features). ``.npz`` files name their arrays instead.
+
     Raises:
-        IngestError: unreadable file, non-numeric value, wrong column count, bad shape/dtype.
+        IngestError: unreadable file, non-numeric value, wrong column count, bad
+            shape/dtype, NaN/Inf edge data (naming the file and row).
     """
+    if edge_data not in EDGE_DATA_MODES:
+        raise ValueError(f"edge_data must be one of {EDGE_DATA_MODES}, got {edge_data!r}")
     path = Path(path)
     if not path.is_file():
         raise IngestError(path, None, "no such file")
     suffix = path.suffix.lower()
-    if suffix == ".npy":
-        return _read_npy_edges(path)
     if suffix == ".npz":
         return _read_npz_edges(path)
-    if delimiter is None:
-        delimiter = detect_delimiter(path, skip_header)
-    return _read_text_edges(path, delimiter, skip_header, progress)
+    if suffix == ".npy":
+        edges, extra = _read_npy_edges(path)
+    else:
+        if delimiter is None:
+            delimiter = detect_delimiter(path, skip_header)
+        edges, extra = _read_text_edges(path, delimiter, skip_header, progress)
+    return edges if extra is None else _attach_columns(edges, extra, edge_data)
 
 
 # ---------------------------------------------------------------------------- node files

@@ -200,7 +200,7 @@ def _bad_node_files(tmp_path, files):
     np.save(tmp_path / "short_y.npy", np.zeros(5, np.int64))
     np.save(tmp_path / "float_y.npy", np.zeros(N))
     np.save(tmp_path / "neg_y.npy", np.array([0, 1, -2, 0, 0, 0]))
-    np.save(tmp_path / "e3.npy", np.zeros((4, 3), np.int64))
+    np.save(tmp_path / "e3.npy", np.zeros((4, 1), np.int64))
     np.save(tmp_path / "ef.npy", np.zeros((4, 2)))
     np.savez(tmp_path / "wrong.npz", a=np.zeros(3))
     (tmp_path / "x.csv").write_text("1,2\n")
@@ -218,7 +218,7 @@ NODE_CASES = [
     (None, None, "short_y.npy", None, "short_y.npy", None, "has 5 rows, expected 6"),
     (None, None, "float_y.npy", None, "float_y.npy", None, "expected integers"),
     (None, None, "neg_y.npy", None, "neg_y.npy", 3, "label -2"),
-    (None, None, None, "e3.npy", "e3.npy", None, "expected [E, 2] or [2, E]"),
+    (None, None, None, "e3.npy", "e3.npy", None, "expected [E, 2], [2, E] or [E, 2 + k]"),
     (None, None, None, "ef.npy", "ef.npy", None, "expected an integer dtype"),
     (None, None, None, "wrong.npz", "wrong.npz", None, "expected arrays 'src' and 'dst'"),
     (None, None, None, "missing.csv", "missing.csv", None, "no such file"),
