@@ -182,6 +182,8 @@ class LayerStats:
     """Peak bytes of one batch (device allocator peak on GPU, accounted on CPU)."""
     gather_free: bool = False
     """Sources were read in place from the stored node table (no per-batch gather)."""
+    reused_rows: int = 0
+    """Rows of the layer taken from the layer cache instead of computed (not in ``rows``)."""
 
 
 @dataclass

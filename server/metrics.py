@@ -125,6 +125,12 @@ METRICS: tuple[MetricSpec, ...] = (
         _LATENCY_BUCKETS,
     ),
     MetricSpec(
+        "layer_rows", "hopserve_layer_rows_total", "counter", ("model", "layer", "source"),
+        "Rows of intermediate layers 1..L-1 that jobs needed, by source: 'computed' or "
+        "'reused' (taken from the worker's layer cache of hub rows, engine.layer_cache_rows); "
+        "the reuse ratio is reused over the sum.",
+    ),
+    MetricSpec(
         "batch_requests", "hopserve_batch_requests", "histogram", ("model",),
         "Requests coalesced into one worker job.",
         _BATCH_REQUEST_BUCKETS,
@@ -301,6 +307,7 @@ class Metrics:
     worker_device_memory: Gauge
     worker_up: Gauge
     worker_jobs: Counter
+    layer_rows: Counter
     graph_update_seconds: Histogram
     graph_rows_invalidated: Histogram
     graph_mutations: Counter

@@ -147,6 +147,11 @@ class ModelPipeline:
         first = 0 if len(stats.layers) == model.num_layers + 1 else 1  # block 0 reported?
         for block, seconds in enumerate(stats.layer_compute_s, start=first):
             metrics.layer_compute.labels(model.name, str(block)).observe(seconds)
+        for layer in stats.layers:
+            if 1 <= layer.layer < model.num_layers:
+                label = str(layer.layer)
+                metrics.layer_rows.labels(model.name, label, "computed").inc(layer.rows)
+                metrics.layer_rows.labels(model.name, label, "reused").inc(layer.reused_rows)
         return BatchRun(rows=result.embeddings, timing=timing, graph_seq=result.graph_seq)
 
     async def run_delta(

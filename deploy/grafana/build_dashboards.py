@@ -215,21 +215,28 @@ def engine() -> Dashboard:
     )  # fmt: skip
     layer = "hopserve_layer_compute_seconds"
     frontier = "hopserve_frontier_nodes"
+    rows = "hopserve_layer_rows_total"
     layers = Row(
         "Layers",
         (
             Panel("Per-layer compute p95",
                   (Query(quantile(0.95, layer, M, "layer"), "layer {{layer}}"),),
                   "Time to compute one layer (ConvBlock) of a job; layer 0 is the block "
-                  "before the first conv, when there is one.", unit="s", width=8),
+                  "before the first conv, when there is one.", unit="s", width=6),
             Panel("Per-layer compute, mean per job",
                   (Query(mean(layer, M, "layer"), "layer {{layer}}"),),
-                  "Mean seconds per job and layer.", unit="s", width=8),
+                  "Mean seconds per job and layer.", unit="s", width=6),
             Panel("Frontier nodes per layer",
                   (Query(mean(frontier, M, "layer"), "layer {{layer}} mean"),
                    Query(quantile(0.95, frontier, M, "layer"), "layer {{layer}} p95")),
                   "Nodes whose output a layer computes for one job (the last layer's "
-                  "frontier is the job's targets).", width=8),
+                  "frontier is the job's targets).", width=6),
+            Panel("Intermediate rows reused",
+                  (Query(ratio_or_zero(selector(rows, f'{M},source="reused"'),
+                                       selector(rows, M), "layer"), "layer {{layer}}"),),
+                  "Share of the intermediate-layer rows jobs needed that workers took from "
+                  "their layer cache of hub rows (exact; engine.layer_cache_rows) instead "
+                  "of computing them.", unit="percentunit", width=6),
         ),
     )  # fmt: skip
     batching = Row(

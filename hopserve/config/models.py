@@ -15,7 +15,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, mo
 from hopserve.config.errors import ConfigError
 from hopserve.config.security import SecurityConfig
 from hopserve.config.types import Address, Device, Entrypoint, Identifier, SecretUrl
-from hopserve.worker.engine.settings import EngineSettings
+from hopserve.worker.engine.settings import DEFAULT_LAYER_CACHE_ROWS, EngineSettings
 
 __all__ = [
     "CacheConfig",
@@ -348,6 +348,12 @@ class EngineConfig(_Section):
     device_tier_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """Share of free device memory one stored layer output may take on the GPU before it
     goes to pinned host memory (0: every layer output on the host)."""
+
+    layer_cache_rows: Annotated[int, Field(ge=0)] = DEFAULT_LAYER_CACHE_ROWS
+    """Exact reuse of intermediate embeddings: each worker keeps the layer-l rows of this
+    many hub nodes (most in-edges) per intermediate layer, tagged with the graph sequence
+    and invalidated by the living graph's rule; request frontiers stop at them
+    (0: off). Memory: rows x layer width x 4 bytes per layer."""
 
     def settings(self) -> EngineSettings:
         """As the evaluator's :class:`~hopserve.worker.engine.settings.EngineSettings`."""

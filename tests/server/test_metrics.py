@@ -28,6 +28,7 @@ CONTRACT = {
     "hopserve_refused_requests_total": ("counter", ("reason",)),
     "hopserve_stage_duration_seconds": ("histogram", ("model", "stage")),
     "hopserve_layer_compute_seconds": ("histogram", ("model", "layer")),
+    "hopserve_layer_rows_total": ("counter", ("model", "layer", "source")),
     "hopserve_batch_requests": ("histogram", ("model",)),
     "hopserve_batch_targets": ("histogram", ("model",)),
     "hopserve_frontier_nodes": ("histogram", ("model", "layer")),

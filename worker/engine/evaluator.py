@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from hopserve.proto.contract import BlockInfo, RunStats, validate_fanouts
 from hopserve.worker.engine.batching import BatchSizer
 from hopserve.worker.engine.device_graph import DeviceGraph
+from hopserve.worker.engine.layer_cache import LayerReuse
 from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.engine.self_check import check_split
 from hopserve.worker.engine.settings import INIT_BATCH_NODES
@@ -199,27 +200,38 @@ class LayerwiseEvaluator:
             self.last_stats = stats
         return out
 
-    def evaluate_plan(self, plan: Plan, storage_targets: Tensor | None) -> Tensor:
+    def evaluate_plan(
+        self, plan: Plan, storage_targets: Tensor | None, reuse: LayerReuse | None = None
+    ) -> Tensor:
         """Run a precomputed plan (e.g. a front-end batch's union of targets).
 
         Args:
             plan: frontiers from the planner (or a worker's checked job).
             storage_targets: storage ids whose rows to return, in this order; ``None``
                 for all nodes in ascending node-ID order (``plan`` must then be full).
+            reuse: the layer cache's rows for the plan's reused nodes, and its capture
+                hook (:meth:`~.layer_cache.LayerCache.reuse`).
 
         Raises:
             FrontierError: the plan lacks a row some layer reads (inconsistent frontiers).
         """
         stats = RunStats()
         with self._lock:
-            out = evaluate_plan(self._context(), plan, storage_targets, stats, time.perf_counter())
+            ctx = self._context()
+            ctx.reuse = reuse
+            out = evaluate_plan(ctx, plan, storage_targets, stats, time.perf_counter())
             self.last_stats = stats
         return out
 
     def plan(
-        self, storage_targets: Tensor | None, fanouts: Sequence[int] | None = None, seed: int = 0
+        self,
+        storage_targets: Tensor | None,
+        fanouts: Sequence[int] | None = None,
+        seed: int = 0,
+        reusable: Mapping[int, np.ndarray] | None = None,
     ) -> Plan:
-        """Frontiers ``V^0 … V^L`` for storage-id targets (``None`` = all nodes, exact)."""
+        """Frontiers ``V^0 … V^L`` for storage-id targets (``None`` = all nodes, exact);
+        ``reusable``: per layer, the nodes whose rows the layer cache holds (a mask)."""
         fanouts = validate_fanouts(fanouts, self.num_layers)
         if storage_targets is None and fanouts is None:
             return Plan([LayerFrontier(None)] * (self.num_layers + 1), None)
@@ -232,6 +244,7 @@ class LayerwiseEvaluator:
             fanouts,
             seed,
             input_layer=self.reads_input_frontier,
+            reusable=reusable,
         )
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +32,7 @@ from hopserve.proto.contract import LayerStats, RunStats
 from hopserve.worker.engine.batch import PreparedBatch, prepare
 from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
 from hopserve.worker.engine.device_graph import DeviceGraph
+from hopserve.worker.engine.layer_cache import LayerReuse
 from hopserve.worker.engine.storage import TierAllocator
 from hopserve.worker.graph.planner import LayerFrontier, Plan
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
@@ -61,6 +63,7 @@ class RunContext:
     progress: bool | None
     device_graph: DeviceGraph | None = None  # the graph's device copy, when resident
     device_tier_fraction: float = 0.5
+    reuse: LayerReuse | None = None  # cached layer rows this run reuses and keeps
 
     @property
     def resident(self) -> DeviceGraph | None:
@@ -141,11 +144,62 @@ class LayerwiseRun:
     def _run_block(self, block: ConvBlock, bar) -> None:  # noqa: ANN001 - tqdm or None
         ctx = self.ctx
         graph = ctx.graph
-        frontier = self.plan.layers[block.index]
+        layer = self.plan.layers[block.index]
+        frontier = layer.computed()  # without the rows the layer cache supplies
+        stored_rows = None if layer.nodes is None else torch.from_numpy(layer.nodes)
         rows = None if frontier.nodes is None else torch.from_numpy(frontier.nodes)
         count = frontier.size(graph.num_nodes)
-        lstats = LayerStats(layer=block.index, rows=count)
+        reused = 0 if layer.reused is None else int(layer.reused.size)
+        lstats = LayerStats(layer=block.index, rows=count, reused_rows=reused)
         self.stats.layers.append(lstats)
+        outputs: dict[str, Tensor] = {}
+        split = ctx.split
+        positions = {split.output: self.final_positions} if self.final_positions is not None else {}
+        if reused:  # computed rows go between the reused ones: V^l keeps its order
+            at = torch.from_numpy(np.searchsorted(layer.nodes, frontier.nodes))
+            positions = dict.fromkeys(block.outputs, at)
+        if count:
+            self._compute_rows(
+                block, frontier, rows, count, outputs, positions, lstats, bar, reused
+            )
+        if reused:
+            self._inject(block, layer, outputs)
+        for name, t in outputs.items():
+            self.stored[name] = (t, stored_rows)
+        reuse = ctx.reuse
+        if reuse is not None and reuse.capture is not None and outputs:
+            reuse.capture(block.index, layer.nodes, frontier.nodes if reused else None, outputs)
+
+    def _inject(self, block: ConvBlock, layer: LayerFrontier, outputs: dict[str, Tensor]) -> None:
+        """Write the layer cache's rows of ``layer.reused`` into the block's outputs."""
+        t = time.perf_counter()
+        cached = self.ctx.reuse.rows[block.index]
+        at = torch.from_numpy(np.searchsorted(layer.nodes, layer.reused))
+        total = int(layer.nodes.size)
+        for name in block.outputs:
+            rows = cached.get(name)
+            if rows is None:
+                continue  # a value no later block reads (released right after this block)
+            if name not in outputs:
+                outputs[name] = self.allocator.allocate(name, (total, *rows.shape[1:]), rows.dtype)
+            dest = outputs[name]
+            dest.index_copy_(0, at.to(dest.device), rows.to(dest.device, dest.dtype))
+        self.stats.write_out_s += time.perf_counter() - t
+
+    def _compute_rows(
+        self,
+        block: ConvBlock,
+        frontier: LayerFrontier,
+        rows: Tensor | None,
+        count: int,
+        outputs: dict[str, Tensor],
+        positions: dict[str, Tensor],
+        lstats: LayerStats,
+        bar,  # noqa: ANN001 - tqdm or None
+        reused: int,
+    ) -> None:
+        """Run ``block`` over the ``count`` rows of ``frontier`` in batches."""
+        ctx, graph = self.ctx, self.ctx.graph
         if block.index == 0:
             degrees = torch.zeros(count, dtype=torch.long)
         elif frontier.sampled:
@@ -157,14 +211,12 @@ class LayerwiseRun:
         cum = torch.zeros(count + 1, dtype=torch.long)
         torch.cumsum(degrees, 0, out=cum[1:])
         sizer: BatchSizer = ctx.sizer_for(block, self.peak.target(ctx.memory_budget_bytes))
-        outputs: dict[str, Tensor] = {}
-        split = ctx.split
-        positions = {split.output: self.final_positions} if self.final_positions is not None else {}
         gather_free = self._gather_free(block)
         lstats.gather_free = gather_free
-        self._batches(block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar)
-        for name, t in outputs.items():
-            self.stored[name] = (t, rows)
+        self._batches(
+            block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar,
+            out_rows=count + reused,
+        )  # fmt: skip
 
     def _gather_free(self, block: ConvBlock) -> bool:
         """Whether every source-row input can be handed over whole (no per-batch gather).
@@ -204,8 +256,10 @@ class LayerwiseRun:
         gather_free: bool,
         lstats: LayerStats,
         bar,  # noqa: ANN001 - tqdm or None
+        out_rows: int,
     ) -> None:
-        """Run ``block`` over all its rows; ``positions`` remaps output rows by value."""
+        """Run ``block`` over all its rows into outputs of ``out_rows`` rows;
+        ``positions`` remaps output rows by value."""
         ctx, stats = self.ctx, self.stats
         count = cum.numel() - 1
         prep = functools.partial(
@@ -275,7 +329,7 @@ class LayerwiseRun:
                 t = time.perf_counter()
                 job, rows = submit(start)
                 continue
-            out_bytes = self._write(block, prepared, outs, outputs, positions, count)
+            out_bytes = self._write(block, prepared, outs, outputs, positions, out_rows)
             out_row_bytes = out_bytes // max(1, num_dst)
             used = self.peak.stop(prepared.bytes_in + OUTPUT_FACTOR * out_bytes)
             sizer.observe(used)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 __all__ = [
+    "DEFAULT_LAYER_CACHE_ROWS",
     "CPU_BATCH_BUDGET_BYTES",
     "DEVICE_MEMORY_FRACTION",
     "EngineSettings",
@@ -25,6 +26,10 @@ DEVICE_MEMORY_FRACTION = 0.9
 INIT_BATCH_NODES = 4096
 """First node threshold of a layer's batches; the edge threshold starts at this times the
 average degree. Eq. 2 adapts both after every batch."""
+
+DEFAULT_LAYER_CACHE_ROWS = 65_536
+"""Hub rows a worker keeps per intermediate layer for exact reuse (``engine.layer_cache_rows``;
+e.g. 32 MiB per layer at 128 float32 wide)."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ hash, so there is one definition of the sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,6 +78,9 @@ class LayerFrontier:
     """Sampled layers: the kept edges' positions in the graph's CSC."""
     planned: bool = True
     """False: not materialized because nothing reads it (size 0)."""
+    reused: np.ndarray | None = None
+    """Exact layers: the rows of ``nodes`` taken from the layer cache instead of computed
+    (ascending; ``None`` = none). Their in-neighbours are not in the layer below."""
     fanout: int | None = None
     """Sampled layers: the fanout (-1 = all in-edges)."""
     seed: int | None = None
@@ -87,7 +90,17 @@ class LayerFrontier:
         """Rows this layer computes."""
         if not self.planned:
             return 0
-        return num_nodes if self.nodes is None else int(self.nodes.size)
+        total = num_nodes if self.nodes is None else int(self.nodes.size)
+        return total - (0 if self.reused is None else int(self.reused.size))
+
+    def computed(self) -> LayerFrontier:
+        """This layer without its reused rows: the frontier its batches run over."""
+        if self.reused is None or self.reused.size == 0:
+            return self
+        assert self.nodes is not None and not self.sampled
+        keep = np.ones(self.nodes.size, dtype=bool)
+        keep[np.searchsorted(self.nodes, self.reused)] = False
+        return LayerFrontier(self.nodes[keep])
 
     @property
     def sampled(self) -> bool:
@@ -282,8 +295,14 @@ def plan_frontiers(
     seed: int = 0,
     shortcut: bool = True,
     input_layer: bool = True,
+    reusable: Mapping[int, np.ndarray] | None = None,
 ) -> Plan:
-    """BFS-annotate ``V^L … V^0`` from storage-id ``targets``.
+    r"""BFS-annotate ``V^L … V^0`` from storage-id ``targets``.
+
+    With ``reusable`` (exact evaluation), a frontier stops at cached rows: for
+    ``1 <= l < L``, the nodes of :math:`V^l` marked in ``reusable[l]`` (a bool mask over
+    storage ids) are *reused* (``layers[l].reused``), and only the computed rest
+    :math:`C^l` pulls in neighbours: :math:`V^{l-1} = C^l \cup N_{in}(C^l)`.
 
     Args:
         graph: the graph's topology (``indptr``, ``indices``, ``num_nodes``,
@@ -297,7 +316,11 @@ def plan_frontiers(
         input_layer: annotate ``V^0``. Only a node-wise block 0 reads it (layer 1 reads
             raw features by storage id), and on power-law graphs it is the costliest
             frontier; without it ``layers[0]`` is an unplanned placeholder (size 0).
+        reusable: per layer ``l`` (``1 <= l < L``), the nodes whose layer-``l`` rows the
+            run can take from the layer cache (:mod:`~hopserve.worker.engine.layer_cache`).
     """
+    if reusable and fanouts is not None:
+        raise ValueError("cached layer rows are exact: sampling evaluation cannot reuse them")
     n = graph.num_nodes
     if fanouts is not None and len(fanouts) != num_layers:
         raise ValueError(f"fanouts has {len(fanouts)} entries; the model has {num_layers} layers")
@@ -307,11 +330,19 @@ def plan_frontiers(
     for layer in range(num_layers, 0, -1):
         last = layer == 1 and not input_layer
         if fanouts is None:
+            mask = reusable.get(layer) if reusable and layer < num_layers else None
+            if mask is not None and current is not None:
+                hit = mask[current[current < mask.size]]
+                if hit.any():
+                    layers[-1].reused = current[: hit.size][hit]
+                    current = np.concatenate([current[: hit.size][~hit], current[hit.size :]])
             if last:
                 layers.append(LayerFrontier(None, planned=False))
                 continue
             if current is None or (shortcut and current.size * graph.avg_degree >= n):
                 current = None
+            elif current.size == 0:  # every row of this layer is reused
+                pass
             else:
                 pos, _ = segment_positions(indptr, current)
                 current = sorted_union(n, current, indices[pos])

@@ -46,6 +46,7 @@ from hopserve.proto.contract import (
     time_left,
 )
 from hopserve.rpc import clip, quote
+from hopserve.worker.engine.settings import DEFAULT_LAYER_CACHE_ROWS
 from hopserve.worker.graph.live import GraphSeqError, open_live
 from hopserve.worker.graph.live.mutations import decode as decode_delta
 from hopserve.worker.loader import ModelLoadError, load_model
@@ -57,6 +58,7 @@ from hopserve.worker.runtime.job_checks import (
     check_targets,
     plan_job,
 )
+from hopserve.worker.runtime.layer_reuse import ModelLayerCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from hopserve.config import EngineConfig, ModelConfig
@@ -81,6 +83,7 @@ class LoadedModel:
     description: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     live: LiveGraph | None = None  # the graph's updates (None: a fixed in-memory graph)
+    layer_cache: ModelLayerCache | None = None  # hub rows of intermediate layers
 
     @property
     def num_layers(self) -> int:
@@ -286,6 +289,9 @@ class Worker(abc.ABC):
         with FX_GUARD.running():
             dim = _output_dim(evaluator)
         entry = LoadedModel(name, str(version), evaluator, graph, dim, text)
+        rows = DEFAULT_LAYER_CACHE_ROWS if engine is None else engine.layer_cache_rows
+        if evaluator.mode == "layerwise" and rows > 0:
+            entry.layer_cache = ModelLayerCache(evaluator, rows)
         with self._state:
             old = self._models.get((name, entry.version))
             self._models[(name, entry.version)] = entry
@@ -369,6 +375,8 @@ class Worker(abc.ABC):
                 f"{quote(job.model)}"
             )
         try:
+            if entry.layer_cache is not None:  # before the graph's read lock (see track)
+                entry.layer_cache.track(entry.live)
             with entry.graph_at(job) as graph:
                 return self._execute_on(job, entry, graph, started)
         finally:
@@ -386,11 +394,16 @@ class Worker(abc.ABC):
                 entry.graph = entry.evaluator.graph = graph
             t0 = time.perf_counter()
             plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+            reuse = None
+            if entry.layer_cache is not None:  # frontiers stop at cached hub rows
+                planned = entry.layer_cache.plan(job, graph, targets, entry.live)
+                if planned is not None:
+                    plan, reuse = planned
             checked_s = time.perf_counter() - t0
-            out = self._evaluate(job, entry, plan, targets)
+            out = self._evaluate(job, entry, plan, targets, reuse)
             stats = entry.evaluator.last_stats
             # Exact jobs arrive planned: checking them is preparation, not planning.
-            if job.frontiers is not None and job.fanouts is None:
+            if job.frontiers is not None and job.fanouts is None and reuse is None:
                 stats.prepare_s += checked_s
             else:
                 stats.planning_s += checked_s
@@ -409,12 +422,16 @@ class Worker(abc.ABC):
             graph_seq=int(getattr(graph.topology, "seq", 0)),
         )
 
-    def _evaluate(self, job: Job, entry: LoadedModel, plan, targets: np.ndarray) -> torch.Tensor:  # noqa: ANN001
+    def _evaluate(
+        self, job: Job, entry: LoadedModel, plan, targets: np.ndarray, reuse=None
+    ) -> torch.Tensor:  # noqa: ANN001 - Plan, LayerReuse
         from hopserve.worker.engine.batch import FrontierError
 
         try:
             with FX_GUARD.running():  # never while another model is traced (hot loads)
-                return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
+                if reuse is None:
+                    return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets))
+                return entry.evaluator.evaluate_plan(plan, torch.from_numpy(targets), reuse)
         except FrontierError as err:
             raise InvalidJobError(
                 f"job {clip(job.job_id)}: inconsistent frontiers: {err}"

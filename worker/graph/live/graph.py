@@ -9,8 +9,9 @@
     <graph>/updates/base-<seq>/   a compacted base store (sequence <seq> folded in)
 
 ``apply(batch)``: check it whole (``mutations.resolve``), append it to the log and fsync,
-build the next snapshot, replace features in place (under the write lock), then mark the
-rows it can change stale for every tracked model kind — all before returning. Jobs read
+compute the rows it can change for every tracked model kind, then under the write lock mark
+them stale, swap in the next snapshot and replace features in place — all before
+returning (a reader never sees the new sequence without its stale marks). Jobs read
 under :meth:`LiveGraph.reading`, which waits for a batch being applied and catches a
 process that is behind up from the log; a job planned at another sequence is refused.
 
@@ -220,11 +221,18 @@ class LiveGraph:
         raise RuntimeError(f"{path}: empty")
 
     def _replay(self, upto: int) -> None:
+        """Apply the log's records up to ``upto`` (caller holds the write lock, or is
+        opening), marking tracked rows stale as :meth:`apply` does."""
         for seq, payload in self.log.read(self.snapshot.seq, upto):
             batch = decode(payload, self.snapshot.feature_dim)
             if batch.seq != seq:
                 raise RuntimeError(f"{self.log.path}: record {seq} holds batch {batch.seq}")
-            self._apply_resolved(batch)
+            if self._stale:
+                nxt = apply_batch(self.snapshot, batch)
+                self._mark_stale(self._affected(batch, nxt), batch.seq, nxt.num_nodes)
+                self._apply_resolved(batch, nxt)
+            else:
+                self._apply_resolved(batch)
             if batch.idempotency_key:
                 self._remember(batch.idempotency_key, _result_of(batch, self.snapshot, 0))
 
@@ -288,10 +296,11 @@ class LiveGraph:
             if batch.empty:
                 raise InvalidUpdateError("the batch holds no mutation")
             nxt = apply_batch(self.snapshot, resolved)  # a failure here writes nothing
+            affected = self._affected(resolved, nxt)
             self.log.append(resolved.seq, encode(resolved))
             with self._lock.write():
+                self._mark_stale(affected, resolved.seq, nxt.num_nodes)
                 self._apply_resolved(resolved, nxt)
-            affected = self._invalidate(resolved)
             result = _result_of(resolved, self.snapshot, sum(a.size for a in affected.values()))
             result = replace(result, apply_s=time.perf_counter() - start, affected=affected)
             if resolved.idempotency_key:
@@ -311,18 +320,25 @@ class LiveGraph:
         for seq in [s for s in self._stores if s not in self._recent]:
             del self._stores[seq]
 
-    def _invalidate(self, batch: ResolvedBatch) -> dict[ModelKind, np.ndarray]:
-        affected = {}
-        snap = self.snapshot
+    def _affected(self, batch: ResolvedBatch, after: GraphSnapshot) -> dict[ModelKind, np.ndarray]:
+        """Per tracked model kind, the rows ``batch`` can change (``after``: the snapshot
+        it makes). Computed before the swap, outside the lock."""
+        return {kind: affected_nodes(after, batch, *kind) for kind in list(self._stale)}
+
+    def _mark_stale(self, affected: dict[ModelKind, np.ndarray], seq: int, num_nodes: int) -> None:
+        """Mark ``affected`` stale since ``seq``. Under the write lock and *before* the new
+        snapshot is swapped in: a reader that sees sequence ``seq`` sees its stale marks
+        (early marks only make rows miss, never hit)."""
         for kind, stale in list(self._stale.items()):
-            if stale.size < snap.num_nodes:
-                grown = np.full(snap.num_nodes, batch.seq, np.int64)
+            if stale.size < num_nodes:
+                grown = np.full(num_nodes, seq, np.int64)
                 grown[: stale.size] = stale
                 self._stale[kind] = stale = grown
-            nodes = affected_nodes(snap, batch, *kind)
-            stale[nodes] = batch.seq
-            affected[kind] = nodes
-        return affected
+            nodes = affected.get(kind)
+            if nodes is None:  # tracking began after the batch was resolved
+                stale[:] = seq
+            else:
+                stale[nodes] = seq
 
     def _remember(self, key: str, result: ApplyResult) -> None:
         self._keys[key] = result
@@ -377,10 +393,11 @@ class LiveGraph:
                         "front-end's (compacted) graph store"
                     )
                 nxt = apply_batch(self.snapshot, batch)
+                affected = self._affected(batch, nxt)
                 self.log.append(batch.seq, payload)
                 with self._lock.write():
+                    self._mark_stale(affected, batch.seq, nxt.num_nodes)
                     self._apply_resolved(batch, nxt)
-                self._invalidate(batch)
 
     def _base_moved(self) -> bool:
         pointer = self.updates_dir / BASE_FILE
