@@ -53,9 +53,12 @@ model and loaded the way hopserve loads a model (self-check included). Then:
 * **refused** — the model is refused at load with this reason (`ModelLoadError` in the
   service); `fallback: nodewise` serves it exactly, node by node.
 
-A conv that needs edge data (edge features, edge weights, relation types) or a
-heterogeneous graph is refused: the graph store holds neither yet. A user's own
-`MessagePassing` subclass is refused until registered (`hopserve.register_conv`).
+Convs taking edge weights or edge features (`edge_weight` / `edge_attr`) are audited
+(rows with the argument in parentheses) in a model whose `forward` takes them, on a graph
+store holding the edge columns: each conv gets the rows of its batch's edges. A conv
+that needs relation types or a heterogeneous graph is refused: the graph store holds
+neither yet. A user's own `MessagePassing` subclass is refused until registered
+(`hopserve.register_conv`).
 """
 
 

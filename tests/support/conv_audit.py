@@ -35,6 +35,7 @@ from torch import nn
 from support import assert_exact, random_edge_index
 
 D_IN, HIDDEN, D_OUT = 6, 8, 4
+D_EDGE = 3  # edge feature width of the audit graph
 NUM_NODES, NUM_EDGES = 24, 60
 TARGETS = (NUM_NODES - 1, 0, 5, 5, 11)  # the isolated last node and a duplicate
 BATCH_NODES = 4
@@ -53,12 +54,16 @@ class Case:
             projects the features to ``HIDDEN`` first.
         history: the conv reads the stack of earlier layers' outputs ``[N, L, C]``
             (``DNAConv``).
+        edge: the conv's parameter taking edge data (``"edge_weight"``: the graph's edge
+            weights, ``"edge_attr"``: its ``[E, 3]`` edge features), passed by a model
+            whose ``forward`` takes ``edge_weight`` / ``edge_attr``; ``""``: none.
     """
 
     build: Builder
     variant: str = ""
     same_width: bool = False
     history: bool = False
+    edge: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,23 +108,47 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
         Case(_same(aggr="mean", combine_root="sum"), same_width=True),
         Case(_same(aggr="sum", combine_root="self_loop"), "self_loop", same_width=True),
     ),
-    "GCNConv": (Case(_c()),),
+    "GCNConv": (Case(_c()), Case(_c(), "edge_weight", edge="edge_weight")),
     "ChebConv": (Case(_c(K=2)),),
     "SAGEConv": (Case(_c()), Case(_c(aggr="max"), "max")),
     "CuGraphSAGEConv": (Case(_c()),),
-    "GraphConv": (Case(_c()),),
+    "GraphConv": (Case(_c()), Case(_c(), "edge_weight", edge="edge_weight")),
     "GravNetConv": (Case(_c(space_dimensions=2, propagate_dimensions=2, k=3)),),
     "GatedGraphConv": (Case(lambda cls, i, o: cls(i, num_layers=2), same_width=True),),
-    "ResGatedGraphConv": (Case(_c()),),
-    "GATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "ResGatedGraphConv": (
+        Case(_c()),
+        Case(_c(edge_dim=D_EDGE), "edge_dim=3", edge="edge_attr"),
+    ),
+    "GATConv": (
+        Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),
+        Case(
+            lambda cls, i, o: cls(i, _heads(o), heads=2, edge_dim=D_EDGE),
+            "edge_dim=3",
+            edge="edge_attr",
+        ),
+    ),  # fmt: skip
     "CuGraphGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
     "FusedGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2, add_self_loops=False)),),
-    "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
-    "TransformerConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
+    "GATv2Conv": (
+        Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),
+        Case(
+            lambda cls, i, o: cls(i, _heads(o), heads=2, edge_dim=D_EDGE),
+            "edge_dim=3",
+            edge="edge_attr",
+        ),
+    ),  # fmt: skip
+    "TransformerConv": (
+        Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),
+        Case(
+            lambda cls, i, o: cls(i, _heads(o), heads=2, edge_dim=D_EDGE),
+            "edge_dim=3",
+            edge="edge_attr",
+        ),
+    ),  # fmt: skip
     "AGNNConv": (Case(_same(), same_width=True),),
     "TAGConv": (Case(_c(K=2)),),
     "GINConv": (Case(lambda cls, i, o: cls(_mlp(i, o), train_eps=True)),),
-    "GINEConv": (Case(lambda cls, i, o: cls(_mlp(i, o), edge_dim=3)),),
+    "GINEConv": (Case(lambda cls, i, o: cls(_mlp(i, o), edge_dim=D_EDGE), edge="edge_attr"),),
     "ARMAConv": (Case(_c()),),
     "SGConv": (Case(_c(K=2)),),
     "SSGConv": (Case(_c(alpha=0.1, K=2)),),
@@ -132,12 +161,12 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "SignedConv": (Case(_c(first_aggr=True)),),
     "DNAConv": (Case(lambda cls, i, o: cls(i, heads=2), same_width=True, history=True),),
     "PointNetConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 3, o))),),
-    "GMMConv": (Case(_c(dim=2, kernel_size=3)),),
+    "GMMConv": (Case(_c(dim=D_EDGE, kernel_size=3), edge="edge_attr"),),
     "SplineConv": (Case(_c(dim=2, kernel_size=3)),),
-    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn=nn.Linear(3, i * o))),),
+    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn=nn.Linear(D_EDGE, i * o)), edge="edge_attr"),),
     "CGConv": (
         Case(lambda cls, i, o: cls(i), same_width=True),
-        Case(lambda cls, i, o: cls(i, dim=3), "dim=3", same_width=True),
+        Case(lambda cls, i, o: cls(i, dim=D_EDGE), "dim=3", same_width=True, edge="edge_attr"),
     ),
     "EdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), aggr="max")),),
     "DynamicEdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), k=3)),),
@@ -146,7 +175,7 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "FeaStConv": (Case(_c(heads=2)),),
     "PointTransformerConv": (Case(_c()),),
     "HypergraphConv": (Case(_c()),),
-    "LEConv": (Case(_c()),),
+    "LEConv": (Case(_c()), Case(_c(), "edge_weight", edge="edge_weight")),
     "PNAConv": (
         Case(
             _c(
@@ -155,9 +184,23 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
                 deg=torch.tensor([1, 4, 6, 3, 2]),
             )
         ),
+        Case(
+            _c(
+                aggregators=["mean", "max"],
+                scalers=["identity", "amplification"],
+                deg=torch.tensor([1, 4, 6, 3, 2]),
+                edge_dim=D_EDGE,
+            ),
+            "edge_dim=3",
+            edge="edge_attr",
+        ),
     ),
     "ClusterGCNConv": (Case(_c(diag_lambda=0.5)),),
-    "GENConv": (Case(_c()), Case(_c(aggr="powermean", learn_p=True), "powermean")),
+    "GENConv": (
+        Case(_c()),
+        Case(_c(aggr="powermean", learn_p=True), "powermean"),
+        Case(_c(edge_dim=D_EDGE), "edge_dim=3", edge="edge_attr"),
+    ),
     "GCN2Conv": (Case(lambda cls, i, o: cls(i, alpha=0.1), same_width=True),),
     "PANConv": (Case(_c(filter_size=2)),),
     "WLConv": (Case(_same(), same_width=True),),
@@ -172,8 +215,12 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
             "sum/mean/max, no self-loops",
         ),
     ),
-    "PDNConv": (Case(_c(edge_dim=3, hidden_channels=4)),),
-    "GeneralConv": (Case(_c()), Case(_c(attention=True, heads=2), "attention")),
+    "PDNConv": (Case(_c(edge_dim=D_EDGE, hidden_channels=4), edge="edge_attr"),),
+    "GeneralConv": (
+        Case(_c()),
+        Case(_c(attention=True, heads=2), "attention"),
+        Case(_c(in_edge_channels=D_EDGE), "in_edge_channels=3", edge="edge_attr"),
+    ),
     "HGTConv": (Case(lambda cls, i, o: cls(i, o, metadata=_META, heads=2)),),
     "HEATConv": (
         Case(
@@ -188,7 +235,10 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     ),
     "HeteroConv": (Case(lambda cls, i, o: cls({("a", "to", "a"): _pyg("SAGEConv")(i, o)})),),
     "HANConv": (Case(lambda cls, i, o: cls(i, o, metadata=_META, heads=2)),),
-    "LGConv": (Case(_same(), same_width=True),),
+    "LGConv": (
+        Case(_same(), same_width=True),
+        Case(_same(), "edge_weight", same_width=True, edge="edge_weight"),
+    ),
     "PointGNNConv": (
         Case(
             lambda cls, i, o: cls(mlp_h=_mlp(i, 3), mlp_f=_mlp(i + 3, i), mlp_g=_mlp(i, i)),
@@ -319,6 +369,30 @@ class PyGTwoConvs(nn.Module):
         return self.conv2(h, edge_index)
 
 
+class PyGWeightedTwoConvs(nn.Module):
+    """``conv2(relu(conv1(inp(x), w)), w)`` with the graph's edge weights, PyG style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, x, edge_index, edge_weight):
+        h = self.conv1(self.inp(x), edge_index, **{self.param: edge_weight}).flatten(1).relu()
+        return self.conv2(h, edge_index, **{self.param: edge_weight}).flatten(1)
+
+
+class PyGEdgeAttrTwoConvs(nn.Module):
+    """``conv2(relu(conv1(inp(x), e)), e)`` with the graph's edge features, PyG style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, x, edge_index, edge_attr):
+        h = self.conv1(self.inp(x), edge_index, **{self.param: edge_attr}).flatten(1).relu()
+        return self.conv2(h, edge_index, **{self.param: edge_attr}).flatten(1)
+
+
 class PyGHistory(nn.Module):
     """Convs reading the stack of earlier representations ``[N, L, C]`` (DNAConv's use)."""
 
@@ -353,6 +427,9 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
     else:
         inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
+    if case.edge:
+        edge_model = PyGWeightedTwoConvs if case.edge == "edge_weight" else PyGEdgeAttrTwoConvs
+        return edge_model(conv1, conv2, inp, case.edge).eval()
     wrapper = PyGHistory if case.history else PyGTwoConvs
     if library == "dgl":
         wrapper = DGLTwoConvs
@@ -372,6 +449,12 @@ def audit_graph(library: str) -> tuple[torch.Tensor, torch.Tensor]:
         edge_index = torch.cat([edge_index, loops], dim=1)
     x = torch.randn(NUM_NODES, D_IN, generator=torch.Generator().manual_seed(6))
     return edge_index, x
+
+
+def audit_edge_data(num_edges: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edge_weight [E], edge_features [E, 3])`` of the audit graph (positive weights)."""
+    gen = torch.Generator().manual_seed(7)
+    return torch.rand(num_edges, generator=gen) + 0.5, torch.randn(num_edges, D_EDGE, generator=gen)
 
 
 def _full_graph(library: str, edge_index: torch.Tensor) -> object:
@@ -407,7 +490,11 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     except Exception as err:  # noqa: BLE001 - the table's arguments are wrong: report it
         return row("crash", f"cannot build with the audit's arguments: {type(err).__name__}: {err}")
     edge_index, x = audit_graph(library)
-    store = GraphStore.from_edge_index(edge_index, x)
+    weight, edge_feats = audit_edge_data(edge_index.shape[1])
+    edge = {}
+    if case.edge:  # the model's edge data argument, and the store's column
+        edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
+    store = GraphStore.from_edge_index(edge_index, x, **edge)
     try:
         ev = make_evaluator(
             model,
@@ -433,7 +520,7 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
             want = (
                 model(_full_graph(library, edge_index), x)
                 if library == "dgl"
-                else model(x, edge_index)
+                else model(x, edge_index, *edge.values())
             )
         targets = torch.tensor(TARGETS)
         assert_exact(ev.evaluate(), want, f"{label} full")

@@ -63,6 +63,7 @@ class AntiSymmetricAdapter(ConvAdapter):
             self.phi.qualname = f"{name}.phi"
 
     def prepare(self, graph) -> None:  # graph: GraphStore
+        self.bind_edge_data(graph)
         self.phi.prepare(graph)
 
     def edge_bytes(self, src_row_bytes: int) -> int:

@@ -158,21 +158,116 @@ class LayerBatch:
         )
 
 
+@dataclass(frozen=True)
+class EdgeInput:
+    """One edge data argument of a conv call, served from a graph-store column."""
+
+    param: str  # the conv forward's parameter (e.g. ``edge_weight``, ``edge_attr``)
+    arg: str  # the model forward's argument passed to it
+    column: str  # ``"weight"`` (``GraphStore.edge_weight``) or ``"features"``
+
+
+_COLUMN_ATTRS = {"weight": "edge_weight", "features": "edge_features"}
+
+
 class ConvAdapter(nn.Module):
     """Runs one conv module on a :class:`LayerBatch` and returns destination rows only.
 
     Subclasses implement :meth:`run`. ``prepare(graph)`` computes any whole-graph
     statistic once per graph (e.g. GCN's source degrees) before the first batch.
     The adapter holds the user's conv as a submodule, so weights are shared, not copied.
+
+    Edge data: adapters with :attr:`accepts_edge_data` take the edge data arguments of
+    their conv's calls (:meth:`set_edge_inputs`, from the split); :meth:`bind_edge_data`
+    (called by ``prepare``) takes the graph's columns, or refuses a graph that lacks a
+    column the model's ``forward`` takes, and :meth:`edge_values` gathers the rows of a
+    batch's edges (``batch.edge_ids`` are positions in the store's CSC, which is the
+    columns' order).
     """
+
+    accepts_edge_data = False
 
     def __init__(self, conv: nn.Module) -> None:
         super().__init__()
         self.conv = conv
         self._lock = threading.Lock()
+        self.edge_inputs: tuple[EdgeInput, ...] = ()
+        self.model_edge_args: dict[str, str] = {}  # the model's edge data args -> column
+        self.model_name = "model"
+        self.edge_feature_dim: int | None = None  # width the conv expects (features)
+        self._edge_key: object | None = None
+        self._edge_columns: dict[str, Tensor] = {}
+        self._edge_on_device: dict[tuple[str, str], Tensor] = {}
+        self._edge_lock = threading.Lock()
 
-    def prepare(self, graph: Any) -> None:  # noqa: B027 - optional hook
-        """Compute whole-graph statistics once per graph (default: nothing)."""
+    def set_edge_inputs(
+        self,
+        inputs: tuple[EdgeInput, ...],
+        model_edge_args: dict[str, str],
+        model_name: str,
+        edge_feature_dim: int | None = None,
+    ) -> None:
+        """What edge data the conv is called with, and what the whole model takes."""
+        self.edge_inputs = tuple(inputs)
+        self.model_edge_args = dict(model_edge_args)
+        self.model_name = model_name
+        self.edge_feature_dim = edge_feature_dim
+
+    def bind_edge_data(self, graph: Any) -> None:
+        """Take ``graph``'s edge columns (once per graph).
+
+        Raises:
+            ModelTraceError: the graph lacks a column an edge data argument of the model
+                needs (naming the argument), or its edge features have another width.
+        """
+        if not self.model_edge_args:
+            return
+        key = (id(graph), getattr(graph, "version", None))
+        if key == self._edge_key:
+            return
+        from hopserve.worker.trace.tracer import ModelTraceError, missing_edge_data_message
+
+        columns: dict[str, Tensor] = {}
+        for arg, column in self.model_edge_args.items():
+            value = getattr(graph, _COLUMN_ATTRS[column], None)
+            if value is None:
+                raise ModelTraceError(missing_edge_data_message(self.model_name, arg, column))
+            columns[column] = value
+        feats = columns.get("features")
+        want = self.edge_feature_dim
+        if feats is not None and want is not None and int(feats.shape[1]) != want:
+            raise ModelTraceError(
+                f"the graph's edge features are {int(feats.shape[1])} wide, but "
+                f"{self.model_name}'s conv ({type(self.conv).__name__}) expects {want} "
+                "(check the model's edge_dim, or the graph the config names)"
+            )
+        with self._edge_lock:
+            self._edge_columns = columns
+            self._edge_on_device = {}
+            self._edge_key = key
+
+    def edge_values(self, batch: LayerBatch) -> dict[str, Tensor]:
+        """``{conv parameter: rows of the batch's edges}`` (on the batch's device)."""
+        out = {}
+        ids = batch.edge_ids
+        for inp in self.edge_inputs:
+            out[inp.param] = self._edge_column(inp.column, ids.device)[ids]
+        return out
+
+    def _edge_column(self, column: str, device: torch.device) -> Tensor:
+        host = self._edge_columns[column]
+        if device.type == "cpu":
+            return host
+        key = (column, str(device))
+        with self._edge_lock:
+            cached = self._edge_on_device.get(key)
+            if cached is None:
+                cached = self._edge_on_device[key] = host.to(device)
+        return cached
+
+    def prepare(self, graph: Any) -> None:
+        """Compute whole-graph statistics once per graph (default: the edge columns)."""
+        self.bind_edge_data(graph)
 
     @property
     def supports_global_src(self) -> bool:

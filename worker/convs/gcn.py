@@ -15,6 +15,17 @@ older releases used 2 — hopserve matches whichever is installed. Each batch
 then runs the conv's own forward with ``normalize`` switched off and those weights as the
 sparse adjacency's values.
 
+Edge weights: a ``GCNConv`` called with ``edge_weight`` (served from the store's column,
+:class:`~.base.EdgeInput`) normalizes as PyG's ``gcn_norm`` does with weights: :math:`w_{uv}`
+is the edge's weight, the loop of a node that has one keeps its weight (the last of
+several, in CSC order, which keeps parallel edges in input order as PyG's
+``add_remaining_self_loops`` does), the others get the fill value (2 with ``improved``,
+else 1: with weights PyG uses ``improved``), and :math:`\\hat d_v` sums the weights of
+``v``'s in-edges and its loop. The per-node :math:`\\hat d^{-1/2}` table and, per batch,
+the gathered weights ``edge_weight[batch.edge_ids]`` give every edge its whole-graph
+normalized weight; ``normalize=False`` uses the raw weights. Sampled batches sum the weights
+of each source's :math:`G_l` in-edges (its sample, hashed again per batch).
+
 Sampling: a sampled batch (``batch.sampling`` set, fanout below the graph's maximum
 in-degree) belongs to :math:`G_l`, the graph in which every node keeps its sampled in-edges
 at layer :math:`l`; the model's forward on :math:`G_l` normalizes by :math:`G_l`'s degrees,
@@ -40,8 +51,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import ConvAdapter, LayerBatch, Sampling
-from hopserve.worker.graph.planner import sampled_in_degrees
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch, Sampling, UnsupportedConvError
+from hopserve.worker.graph.planner import sample_in_edges, sampled_in_degrees
 
 # Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
 SAMPLED_CACHE_SIZE = 4
@@ -65,6 +76,8 @@ def pyg_loop_fill(improved: bool) -> float:
 class GCNAdapter(ConvAdapter):
     """Runs ``GCNConv`` exactly on a batch using precomputed global edge weights."""
 
+    accepts_edge_data = True
+
     def __init__(self, conv: nn.Module) -> None:
         super().__init__(conv)
         self._graph_key: object | None = None
@@ -79,14 +92,29 @@ class GCNAdapter(ConvAdapter):
         self._sampled_loops: OrderedDict[Sampling, Tensor] = OrderedDict()
         self._sample_lock = threading.Lock()
         self._device_weights: dict[tuple[str, str], Tensor] = {}  # per graph, see prepare
+        self._weight: Tensor | None = None  # float32 [E] the graph's edge weights (if used)
+
+    def set_edge_inputs(self, inputs, model_edge_args, model_name, edge_feature_dim=None):  # noqa: ANN001
+        for inp in inputs:
+            if inp.param != "edge_weight" or inp.column != "weight":
+                raise UnsupportedConvError(
+                    f"'{inp.arg}' is passed as {type(self.conv).__name__}'s '{inp.param}'; "
+                    "it takes edge weights (an edge_weight-like argument) only"
+                )
+        super().set_edge_inputs(inputs, model_edge_args, model_name, edge_feature_dim)
 
     def prepare(self, graph) -> None:  # graph: GraphStore
         """Per-node normalization of ``graph`` in ``O(N)`` (degrees and self-loop counts
         come from its topology, which a living graph carries over between versions); the
         per-edge weights of full layers are built on their first use (``O(E)``), so a
-        graph update costs online jobs nothing per edge."""
+        graph update costs online jobs nothing per edge. With edge weights, ``O(E)``."""
+        self.bind_edge_data(graph)
         key = (id(graph), getattr(graph, "version", None))
         if key == self._graph_key:
+            return
+        self._weight = self._edge_columns.get("weight") if self.edge_inputs else None
+        if self._weight is not None:
+            self._prepare_weighted(graph, key)
             return
         topology = graph.topology
         n = graph.num_nodes
@@ -121,6 +149,39 @@ class GCNAdapter(ConvAdapter):
             self._loop_weight = None
         self._graph_key = key
 
+    def _prepare_weighted(self, graph, key) -> None:  # noqa: ANN001
+        r"""``gcn_norm`` with edge weights: :math:`\hat d` sums weights (see the module doc)."""
+        topology = graph.topology
+        n = graph.num_nodes
+        in_deg = torch.from_numpy(np.asarray(topology.in_degrees))
+        self._topology, self._graph = topology, graph
+        self._max_in_degree = int(in_deg.max()) if n else 0
+        self._graph_loops, self._edge_weight = None, None
+        with self._sample_lock:
+            self._sampled_loops.clear()
+            self._device_weights.clear()
+        self._fill = 2.0 if self.improved else 1.0
+        if not self.normalizes:
+            self._dinv, self._loop_weight = None, None
+            self._graph_key = key
+            return
+        w = self._weight.to(torch.float64)
+        src = graph.indices.long()
+        dst = torch.repeat_interleave(torch.arange(n), in_deg)
+        is_loop = src == dst
+        deg = torch.zeros(n, dtype=torch.float64)
+        if self.adds_self_loops:
+            loop_w = _last_loop_weight(dst, is_loop, w, n, self._fill)
+            deg.index_add_(0, dst[~is_loop], w[~is_loop])
+            deg += loop_w
+        else:
+            deg.index_add_(0, dst, w)
+        dinv = deg.pow(-0.5)
+        dinv[torch.isinf(dinv)] = 0
+        self._dinv = dinv
+        self._loop_weight = (loop_w * dinv * dinv).float() if self.adds_self_loops else None
+        self._graph_key = key
+
     def _full_edge_weight(self) -> Tensor:
         """``[E]`` weight of every CSC edge (0 for loops when loops are re-added), built
         once per graph on the first full layer."""
@@ -129,7 +190,10 @@ class GCNAdapter(ConvAdapter):
                 graph = self._graph
                 indptr, indices = graph.indptr, graph.indices.long()
                 dst = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr.diff())
-                w = (self._dinv[indices] * self._dinv[dst]).float()
+                w = self._dinv[indices] * self._dinv[dst]
+                if self._weight is not None:
+                    w = w * self._weight.to(torch.float64)
+                w = w.float()
                 if self._loop_weight is not None:
                     w[indices == dst] = 0.0
                 self._edge_weight = w
@@ -157,9 +221,13 @@ class GCNAdapter(ConvAdapter):
         return s is not None and s.fanout < self._max_in_degree
 
     def _adjacency(self, batch: LayerBatch, dtype: torch.dtype) -> Tensor:
-        if self._dinv is None:  # normalize=False: plain sum over in-edges
+        if self._dinv is None:  # normalize=False: plain (weighted) sum over in-edges
+            if self._weight is not None:
+                return batch.adj_t(values=self._batch_weights(batch).to(dtype))
             return batch.adj_t(dtype=dtype)
         if self._samples_graph(batch):
+            if self._weight is not None:
+                return self._sampled_weighted_adjacency(batch, dtype)
             return self._sampled_adjacency(batch, dtype)
         device = batch.src_index.device
         if batch.dst_start is not None:  # a full layer: the per-edge weights, gathered
@@ -167,7 +235,10 @@ class GCNAdapter(ConvAdapter):
         else:  # a frontier: w_uv = d_u^-1/2 d_v^-1/2 from the per-node table, O(batch)
             dinv = self._weights_on(device, "dinv")
             src = batch.src_index if batch.global_src_size else batch.src_nodes[batch.src_index]
-            w = (dinv[src] * dinv[batch.dst_nodes[batch.dst_index]]).float()
+            w = dinv[src] * dinv[batch.dst_nodes[batch.dst_index]]
+            if self._weight is not None:
+                w = w * self._batch_weights(batch).to(torch.float64)
+            w = w.float()
         if self._loop_weight is None:
             return batch.adj_t(values=w.to(dtype))
         loop_w = self._weights_on(device, "loop")
@@ -184,6 +255,7 @@ class GCNAdapter(ConvAdapter):
             "edge": self._full_edge_weight if which == "edge" else None,
             "dinv": self._dinv,
             "loop": self._loop_weight,
+            "weight": self._weight,
         }[which]
         if callable(host):
             host = host()
@@ -249,6 +321,42 @@ class GCNAdapter(ConvAdapter):
         own = (loop_w.to(device)[:n_dst] * dinv[:n_dst] * dinv[:n_dst]).float()
         return _one_loop_each(batch, w, own, dtype)
 
+    def _batch_weights(self, batch: LayerBatch) -> Tensor:
+        """The raw edge weights of the batch's edges (float32, the batch's device)."""
+        return self._weights_on(batch.edge_ids.device, "weight")[batch.edge_ids]
+
+    def _sampled_weighted_adjacency(self, batch: LayerBatch, dtype: torch.dtype) -> Tensor:
+        """The batch's adjacency normalized by :math:`G_l`'s weighted degrees: each source's
+        sampled in-edges (hashed again, ``O`` of their in-degrees) and their weights."""
+        device = batch.src_index.device
+        s = batch.sampling
+        nodes = batch.src_nodes.cpu().numpy()
+        topo = self._topology
+        local, pos = sample_in_edges(topo.indptr, nodes, s.fanout, s.layer, s.seed)
+        counts = torch.from_numpy(np.diff(local))
+        seg = torch.repeat_interleave(torch.arange(nodes.size), counts)
+        pos_t = torch.from_numpy(np.asarray(pos, dtype=np.int64))
+        w = self._weight[pos_t].to(torch.float64)
+        is_loop = (
+            torch.from_numpy(topo.indices[pos].astype(np.int64)) == torch.from_numpy(nodes)[seg]
+        )
+        deg = torch.zeros(nodes.size, dtype=torch.float64)
+        if self.adds_self_loops:
+            loop_w = _last_loop_weight(seg, is_loop, w, nodes.size, self._fill)
+            deg.index_add_(0, seg[~is_loop], w[~is_loop])
+            deg += loop_w
+        else:
+            deg.index_add_(0, seg, w)
+        dinv = deg.pow(-0.5)
+        dinv[torch.isinf(dinv)] = 0
+        dinv = dinv.to(device)
+        ew = (dinv[batch.src_index] * dinv[batch.dst_index]).float() * self._batch_weights(batch)
+        if not self.adds_self_loops:
+            return batch.adj_t(values=ew.to(dtype))
+        n_dst = batch.num_dst
+        own = (loop_w.to(device)[:n_dst] * dinv[:n_dst] * dinv[:n_dst]).float()
+        return _one_loop_each(batch, ew, own, dtype)
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         # SpMM over a re-built CSR: indices, weights and the sort permutation per edge.
         return 40
@@ -263,6 +371,19 @@ class GCNAdapter(ConvAdapter):
                 return conv(x, adj)
             finally:
                 conv.normalize = saved
+
+
+def _last_loop_weight(owner: Tensor, is_loop: Tensor, w: Tensor, n: int, fill: float) -> Tensor:
+    """float64 ``[n]``: the weight of each owner's last self-loop (edges grouped by owner,
+    in order), else ``fill``: what PyG's ``add_remaining_self_loops`` keeps."""
+    loop_w = torch.full((n,), float(fill), dtype=torch.float64)
+    at = is_loop.nonzero().squeeze(1)
+    if at.numel():
+        who = owner[at]
+        last = torch.ones_like(who, dtype=torch.bool)
+        last[:-1] = who[1:] != who[:-1]
+        loop_w[who[last]] = w[at[last]]
+    return loop_w
 
 
 def _one_loop_each(batch: LayerBatch, w: Tensor, loop_w: Tensor, dtype: torch.dtype) -> Tensor:

@@ -60,6 +60,8 @@ class LGConvAdapter(GCNAdapter):
 class _CachedNormAdapter(GCNAdapter):
     """Hands the batch's normalized edge list to the conv through ``_cached_edge_index``."""
 
+    accepts_edge_data = False  # their forwards take no edge data
+
     @property
     def improved(self) -> bool:
         return False

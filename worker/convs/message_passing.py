@@ -21,6 +21,14 @@ and never feeds a destination row.
 Layout: for sum/mean aggregations on pair convs with a fused ``message_and_aggregate``
 the batch is passed as a sparse CSR ``adj_t`` (one SpMM, no ``[E, d]`` message tensor);
 otherwise as ``edge_index``.
+
+Edge data: a conv called with ``edge_weight`` / ``edge_attr`` gets the store column's rows
+of the batch's edges (``column[batch.edge_ids]``), aligned with ``edge_index``, through the
+unfused path. Exactness is unchanged: every per-edge value a conv computes from its edge's
+data (GINE's ``x_j + lin(e)``, NNConv's edge-conditioned weights, GAT's edge term of the
+attention logit) sees the same row as in the full graph, and the self-loops a conv adds
+with a per-destination fill (GAT's ``fill_value="mean"``: the mean of the destination's
+in-edge features) read every in-edge of the destination, which the batch holds.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ def _aggregates_raw_sources(conv: nn.Module) -> bool:
 class MessagePassingAdapter(ConvAdapter):
     """Runs ``conv((x_src, x_dst), adj)`` (pair) or ``conv(x, edge_index)[:B]`` (square)."""
 
+    accepts_edge_data = True
+
     def __init__(self, conv: nn.Module, *, pair: bool = True, fuse: bool = True) -> None:
         super().__init__(conv)
         self.pair = pair
@@ -70,14 +80,28 @@ class MessagePassingAdapter(ConvAdapter):
     def supports_global_src(self) -> bool:
         # Convs that aggregate raw source rows before any transform can read the stored
         # node table directly through a CSR with global column ids.
-        return self.use_csr and self.pair and _aggregates_raw_sources(self.conv)
+        return (
+            self.use_csr
+            and self.pair
+            and not self.edge_inputs
+            and _aggregates_raw_sources(self.conv)
+        )
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         # Fused SpMM materializes no messages: a column index and a value per edge.
+        if self.edge_inputs:  # messages, plus the gathered edge rows
+            return src_row_bytes + 4 * (1 + (self.edge_feature_dim or 0))
         return 12 if self.use_csr else src_row_bytes
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         n_dst = batch.num_dst
+        if self.edge_inputs:
+            edge = self.edge_values(batch)
+            if self.pair:
+                if self._takes_size:
+                    edge["size"] = (batch.num_src, n_dst)
+                return self.conv((x, x[:n_dst]), batch.edge_index, **edge)
+            return self.conv(x, batch.edge_index, **edge)[:n_dst]
         if self.use_csr:
             adj = batch.adj_t(dtype=x.dtype)
             inp = (x, batch.dst_rows(x)) if self.pair else x

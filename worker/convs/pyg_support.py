@@ -9,12 +9,15 @@ Three kinds of row (see :mod:`.registry`):
   batch, their destination rows sliced out;
 * adapted: a dedicated adapter supplies a whole-graph statistic (GCN-normalized convs)
   or runs an inner conv through its own adapter (``AntiSymmetricConv``);
-* refused, with the reason (K hops inside one module, edge data, relations, positions,
+* refused, with the reason (K hops inside one module, edge types, relations, positions,
   dynamic graphs, heterogeneous graphs, another library's kernel).
 
-Some rows depend on how the conv was built (``CGConv(dim > 0)`` needs edge features,
-``FiLMConv(num_relations > 1)`` edge types): their factory refuses such instances with an
-:class:`~.base.UnsupportedConvError` whose ``reason`` the matrix shows.
+Edge data (the graph store's ``edge_weight`` / ``edge_features``): convs whose forward
+takes ``edge_weight`` or ``edge_attr`` get the rows of their batch's edges when the
+model passes its ``edge_weight`` / ``edge_attr`` argument (:mod:`.message_passing`;
+GCN-normalized ones through :mod:`.gcn`). Some rows depend on how the conv was built
+(``FiLMConv(num_relations > 1)`` needs edge types): their factory refuses such
+instances with an :class:`~.base.UnsupportedConvError` whose ``reason`` the matrix shows.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 
 from hopserve.worker.convs.base import ConvAdapter, UnsupportedConvError
 
-EDGE_FEATURES = "needs edge features (edge_attr); the graph store has no edge data yet"
+EDGE_DATA = "; edge data from the graph store's edge columns"
 EDGE_TYPES = "needs per-edge relation types (edge_type); the graph store has no edge types yet"
 HETERO = (
     "runs on a heterogeneous graph (per-type node features and relations); hopserve's "
@@ -59,12 +62,6 @@ def _square(conv: nn.Module) -> ConvAdapter:
 def _simple(conv: nn.Module) -> ConvAdapter:
     """``SimpleConv``: ``combine_root="self_loop"`` adds loops, so it needs a square batch."""
     return _square(conv) if conv.combine_root == "self_loop" else _pair(conv)
-
-
-def _cg(conv: nn.Module) -> ConvAdapter:
-    if conv.dim:
-        raise UnsupportedConvError(f"dim={conv.dim}: {EDGE_FEATURES}")
-    return _pair_unfused(conv)
 
 
 def _film(conv: nn.Module) -> ConvAdapter:
@@ -107,18 +104,18 @@ def _antisymmetric(conv: nn.Module) -> ConvAdapter:
 ROWS: dict[str, tuple[str, object, str]] = {
     # -- exact: 1-hop, per-destination statistics only
     "SAGEConv": ("exact", _pair, "mean/max/sum/lstm; fused SpMM for sum/mean"),
-    "GraphConv": ("exact", _pair, "fused SpMM for sum/mean"),
+    "GraphConv": ("exact", _pair, "fused SpMM for sum/mean" + EDGE_DATA),
     "GINConv": ("exact", _pair, "fused SpMM for sum/mean"),
-    "GATConv": ("exact", _pair, "multi-head; self-loops per destination"),
-    "GATv2Conv": ("exact", _pair, "multi-head; self-loops per destination"),
-    "TransformerConv": ("exact", _pair, "multi-head attention over in-neighbours"),
+    "GATConv": ("exact", _pair, "multi-head; self-loops per destination" + EDGE_DATA),
+    "GATv2Conv": ("exact", _pair, "multi-head; self-loops per destination" + EDGE_DATA),
+    "TransformerConv": ("exact", _pair, "multi-head attention over in-neighbours" + EDGE_DATA),
     "EdgeConv": ("exact", _pair, "max over in-neighbours of MLP(x_i, x_j - x_i)"),
-    "ResGatedGraphConv": ("exact", _pair_unfused, "gated sum over in-neighbours"),
-    "LEConv": ("exact", _pair_unfused, "sum of a(x_j) - b(x_i) over in-neighbours"),
+    "ResGatedGraphConv": ("exact", _pair_unfused, "gated sum over in-neighbours" + EDGE_DATA),
+    "LEConv": ("exact", _pair_unfused, "sum of a(x_j) - b(x_i) over in-neighbours" + EDGE_DATA),
     "GENConv": (
         "exact",
         _pair_unfused,
-        "softmax/powermean aggregation over in-neighbours, then an MLP",
+        "softmax/powermean aggregation over in-neighbours, then an MLP" + EDGE_DATA,
     ),
     "MFConv": (
         "exact",
@@ -126,16 +123,35 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "weights per destination in-degree (a batch holds every in-edge of a destination)",
     ),
     "FeaStConv": ("exact", _pair_unfused, "soft-assignment attention, self-loops per destination"),
-    "GeneralConv": ("exact", _pair_unfused, "sum/mean/attention over in-neighbours"),
-    "WLConvContinuous": ("exact", _pair_unfused, "mean of in-neighbours averaged with the node"),
-    "SimpleConv": ("exact", _simple, "parameter-free aggregation; self_loop on a square batch"),
-    "CGConv": ("exact", _cg, "gated sum over in-neighbours (dim=0: no edge features)"),
+    "GeneralConv": (
+        "exact",
+        _pair_unfused,
+        "sum/mean/attention over in-neighbours" + EDGE_DATA,
+    ),
+    "WLConvContinuous": (
+        "exact",
+        _pair_unfused,
+        "mean of in-neighbours averaged with the node" + EDGE_DATA,
+    ),
+    "SimpleConv": (
+        "exact",
+        _simple,
+        "parameter-free aggregation; self_loop on a square batch" + EDGE_DATA,
+    ),
+    "CGConv": ("exact", _pair_unfused, "gated sum over in-neighbours" + EDGE_DATA),
+    "GINEConv": ("exact", _pair_unfused, "sum of MLP(x_j + lin(e_ij)) over in-edges" + EDGE_DATA),
+    "NNConv": ("exact", _pair_unfused, "edge-conditioned weights per in-edge" + EDGE_DATA),
+    "GMMConv": (
+        "exact",
+        _pair_unfused,
+        "Gaussian kernels of each in-edge's pseudo-coordinates" + EDGE_DATA,
+    ),
     "FiLMConv": ("exact", _film, "feature-wise modulation by the destination (one relation)"),
     "PNAConv": (
         "exact",
         _square,
         "degree scalers read the destination's in-degree, which a batch holds in full; "
-        "square batch (the conv takes one tensor)",
+        "square batch (the conv takes one tensor)" + EDGE_DATA,
     ),
     "AGNNConv": ("exact", _square, "cosine attention with self-loops, square batch"),
     "ClusterGCNConv": (
@@ -145,8 +161,16 @@ ROWS: dict[str, tuple[str, object, str]] = {
     ),
     "SuperGATConv": ("exact", _square, "attention in eval mode, self-loops; square batch"),
     # -- adapted: a whole-graph statistic, or an inner conv through its own adapter
-    "GCNConv": ("adapted", _gcn, "symmetric normalization from whole-graph degrees"),
-    "LGConv": ("adapted", _lg, "symmetric normalization from whole-graph degrees"),
+    "GCNConv": (
+        "adapted",
+        _gcn,
+        "symmetric normalization from whole-graph degrees (weighted with edge_weight)",
+    ),
+    "LGConv": (
+        "adapted",
+        _lg,
+        "symmetric normalization from whole-graph degrees (weighted with edge_weight)",
+    ),
     "DNAConv": (
         "adapted",
         _dna,
@@ -179,12 +203,19 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "PPFConv": ("refused", None, POSITIONS + " (and normals)"),
     "PointTransformerConv": ("refused", None, POSITIONS),
     "PointGNNConv": ("refused", None, POSITIONS),
-    # -- refused: edge data the store does not hold
-    "GINEConv": ("refused", None, EDGE_FEATURES),
-    "NNConv": ("refused", None, EDGE_FEATURES),
-    "GMMConv": ("refused", None, "needs edge pseudo-coordinates (edge_attr); no edge data yet"),
-    "SplineConv": ("refused", None, "needs edge pseudo-coordinates (edge_attr); no edge data yet"),
-    "PDNConv": ("refused", None, EDGE_FEATURES),
+    # -- refused: edge data the engine does not adapt (yet)
+    "SplineConv": (
+        "refused",
+        None,
+        "runs the spline kernels of pyg-lib / torch-spline-conv, which hopserve does not "
+        "install or test",
+    ),
+    "PDNConv": (
+        "refused",
+        None,
+        "normalizes by degrees of edge weights it computes from edge features (a "
+        "whole-graph statistic over each source's in-edges); no adapter yet",
+    ),
     "RGCNConv": ("refused", None, EDGE_TYPES),
     "FastRGCNConv": ("refused", None, EDGE_TYPES),
     "RGATConv": ("refused", None, EDGE_TYPES),

@@ -140,6 +140,15 @@ class NodewiseEvaluator:
         batch_size: int = 256,
         degree_hop: bool | None = None,
     ) -> None:
+        from hopserve.worker.trace.tracer import ModelTraceError, edge_data_args
+
+        edge_args = edge_data_args(model)
+        if edge_args:  # it would run the model without them: other embeddings
+            raise ModelTraceError(
+                f"{type(model).__name__}.forward accepts edge data '{edge_args[0]}', which "
+                "the node-wise fallback does not pass to the model yet; serve it layer by "
+                "layer (its graph must hold the edge data)"
+            )
         self.model = model.eval().to(device)
         self.graph = graph
         self.device = torch.device(device)

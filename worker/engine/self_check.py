@@ -41,14 +41,21 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         reads_v0: Whether plans annotate ``V^0`` (a node-wise block 0).
     """
     from hopserve.worker.graph.store import GraphStore
-    from hopserve.worker.trace.probe import call_model, probe_edge_index
+    from hopserve.worker.trace.probe import call_model, probe_edge_data, probe_edge_index
 
     ei, n = probe_edge_index(model, split.style)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(n, feature_dim, generator=gen)
-    probe = GraphStore.from_edge_index(ei, x, reorder=None)
+    # Edge data arguments get random columns of the right width, stored in CSC order.
+    edge = probe_edge_data(split.edge_args, ei.shape[1], split.edge_feature_dim, seed=13)
+    columns = {}
+    for arg, column in split.edge_args.items():
+        columns["edge_weight" if column == "weight" else "edge_attr"] = edge[arg]
+    probe = GraphStore.from_edge_index(ei, x, reorder=None, **columns)
+    dev = ctx.device
     with torch.no_grad(), fresh_conv_caches(model):
-        expected = call_model(model, split.style, x.to(ctx.device), ei.to(ctx.device)).cpu()
+        edge_dev = {k: v.to(dev) for k, v in edge.items()}
+        expected = call_model(model, split.style, x.to(dev), ei.to(dev), edge_dev).cpu()
     sizers: dict[int, BatchSizer] = {}
 
     def tiny_sizer(block, target_bytes: float) -> BatchSizer:  # noqa: ANN001 - ConvBlock

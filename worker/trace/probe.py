@@ -38,10 +38,96 @@ def model_graph(style: str, edge_index: Tensor, num_nodes: int) -> object:
     return edge_index
 
 
-def call_model(model: nn.Module, style: str, x: Tensor, edge_index: Tensor) -> Tensor:
-    """The model's own full-graph forward on ``(x, edge_index)``, in its calling style."""
+def call_model(
+    model: nn.Module,
+    style: str,
+    x: Tensor,
+    edge_index: Tensor,
+    edge: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """The model's own full-graph forward on ``(x, edge_index)``, in its calling style;
+    ``edge``: its edge data arguments by name (aligned with ``edge_index``'s columns)."""
     graph = model_graph(style, edge_index, x.shape[0])
-    return model(graph, x) if style == "dgl" else model(x, graph)
+    return model(graph, x) if style == "dgl" else model(x, graph, **(edge or {}))
+
+
+def probe_edge_data(
+    edge_args: dict[str, str], num_edges: int, feature_dim: int | None, seed: int = 5
+) -> dict[str, Tensor]:
+    """Random edge data for the probe graph: ``{argument: tensor}`` per edge data argument
+    (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal)."""
+    gen = torch.Generator().manual_seed(seed)
+    columns = {
+        "weight": torch.rand(num_edges, generator=gen) + 0.5,
+        "features": torch.randn(num_edges, feature_dim or 1, generator=gen),
+    }  # one tensor per column: arguments served by the same column get the same values
+    return {arg: columns[column] for arg, column in edge_args.items()}
+
+
+_EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim")
+
+
+def _in_width(module: nn.Module) -> int | None:
+    """Input width of a linear layer (torch's or PyG's, lazy ones excluded)."""
+    for attr in ("in_features", "in_channels"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int) and value > 0 and "Linear" in type(module).__name__:
+            return value
+    return None
+
+
+def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
+    """The edge feature width ``d_e`` the convs taking edge features expect.
+
+    Read from ``edge_dim`` (GAT, GATv2, Transformer, GINE, PNA, ResGatedGraph),
+    ``in_edge_channels`` (GeneralConv), ``dim`` (CGConv, GMMConv, SplineConv), an edge
+    encoder's input width (a linear submodule named ``*edge*``: GENConv's ``lin_edge``) or
+    the first linear layer of ``nn`` (NNConv, and GINEConv without ``edge_dim``, whose
+    edge features have the node features' width).
+
+    Raises:
+        ModelTraceError: a width cannot be told, or two convs expect different widths.
+    """
+    widths: dict[int, str] = {}
+    for qual, conv in convs:
+        width = None
+        for attr in _EDGE_WIDTH_ATTRS:
+            value = getattr(conv, attr, None)
+            if isinstance(value, int) and value > 0:
+                width = value
+                break
+        lin = getattr(conv, "lin", None)
+        if width is None and type(conv).__name__ == "GINEConv" and isinstance(lin, nn.Module):
+            width = _in_width(lin)  # GINEConv's lin: edge_dim -> node width
+        if width is None:  # an edge encoder (GENConv's lin_edge)
+            width = next(
+                (
+                    _in_width(m)
+                    for name, m in conv.named_modules()
+                    if "edge" in name.rsplit(".", 1)[-1] and _in_width(m)
+                ),
+                None,
+            )
+        if width is None:
+            inner = getattr(conv, "nn", None)
+            first = next(
+                (_in_width(m) for m in inner.modules() if _in_width(m)) if inner else iter(()),
+                None,
+            )
+            width = first
+        if width is None:
+            raise ModelTraceError(
+                f"conv '{qual}' ({type(conv).__name__}) takes edge features but hopserve "
+                "cannot tell their width (edge_dim) to check the model on a probe graph"
+            )
+        widths.setdefault(width, qual)
+    if len(widths) > 1:
+        listed = ", ".join(f"'{q}': {w}" for w, q in widths.items())
+        raise ModelTraceError(
+            f"the convs taking edge features expect different widths ({listed}); the graph "
+            "store holds one edge feature matrix"
+        )
+    return next(iter(widths))
 
 
 def probe_edge_index(model: nn.Module, style: str) -> tuple[Tensor, int]:
@@ -65,9 +151,13 @@ def probe_edge_index(model: nn.Module, style: str) -> tuple[Tensor, int]:
 
 
 def probe_facts(
-    traced: TracedModel, x: Tensor, edge_index: Tensor
+    traced: TracedModel,
+    x: Tensor,
+    edge_index: Tensor,
+    edge: dict[str, Tensor] | None = None,
 ) -> tuple[dict[fx.Node, NodeFacts], Tensor]:
-    """Run the traced model once, recording which values are per-node tensors."""
+    """Run the traced model once, recording which values are per-node tensors (``edge``:
+    the edge data arguments' probe values)."""
     n = x.shape[0]
     feature_dep: set[fx.Node] = set()
     facts: dict[fx.Node, NodeFacts] = {}
@@ -81,7 +171,7 @@ def probe_facts(
 
     with torch.no_grad():
         graph = model_graph(traced.style, edge_index, n)
-        out = Recorder(traced.gm).run(*_ordered_inputs(traced, x, graph))
+        out = Recorder(traced.gm).run(*_ordered_inputs(traced, x, graph, edge))
     for node in traced.gm.graph.nodes:
         if node.op == "placeholder":
             if node.target == traced.feature_arg:
@@ -111,9 +201,11 @@ def probe_facts(
     return facts, out
 
 
-def _ordered_inputs(traced: TracedModel, x: Tensor, graph: object) -> list[object]:
+def _ordered_inputs(
+    traced: TracedModel, x: Tensor, graph: object, edge: dict[str, Tensor] | None = None
+) -> list[object]:
     names = [n.target for n in traced.gm.graph.nodes if n.op == "placeholder"]
-    by_name = {traced.feature_arg: x, traced.graph_arg: graph}
+    by_name = {traced.feature_arg: x, traced.graph_arg: graph, **(edge or {})}
     return [by_name[name] for name in names if name in by_name]
 
 
@@ -158,6 +250,8 @@ def input_width_mismatch(traced: TracedModel, feature_dim: int) -> str | None:
 __all__ = [
     "FeatureWidthError",
     "call_model",
+    "edge_feature_width",
+    "probe_edge_data",
     "input_width_mismatch",
     "model_graph",
     "probe_edge_index",

@@ -13,12 +13,14 @@ import inspect
 import torch
 from torch import fx, nn
 
-from hopserve.worker.convs.base import UnsupportedConvError, fresh_conv_caches
+from hopserve.worker.convs.base import EdgeInput, UnsupportedConvError, fresh_conv_caches
 from hopserve.worker.convs.registry import adapter_for
 from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
 from hopserve.worker.trace.probe import (
     FeatureWidthError,
+    edge_feature_width,
     input_width_mismatch,
+    probe_edge_data,
     probe_edge_index,
     probe_facts,
 )
@@ -44,14 +46,17 @@ def split_model(
     # Refuse unsupported convs before running anything: a conv that needs edge data or
     # another input would otherwise fail on the probe graph with an unrelated error.
     adapters, adapter_names, conv_x = _conv_adapters(traced)
+    edge_dim = _bind_edge_inputs(traced, adapters, adapter_names)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     # The probe runs where the model's weights are (a worker moves it to its GPU first).
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    edge = probe_edge_data(traced.edge_args, ei.shape[1], edge_dim, seed=5)
     x, ei = x.to(device), ei.to(device)
+    edge = {k: v.to(device) for k, v in edge.items()}
     try:
         with fresh_conv_caches(model):
-            facts, _ = probe_facts(traced, x, ei)
+            facts, _ = probe_facts(traced, x, ei, edge)
     except ModelTraceError:
         raise
     except Exception as err:
@@ -62,7 +67,74 @@ def split_model(
             f"{type(model).__name__} failed on a probe graph with {feature_dim}-dim features: "
             f"{type(err).__name__}: {err}"
         ) from err
-    return _build_blocks(traced, facts, adapters, adapter_names, conv_x)
+    split = _build_blocks(traced, facts, adapters, adapter_names, conv_x)
+    split.edge_args = dict(traced.edge_args)
+    split.edge_feature_dim = edge_dim
+    return split
+
+
+def _conv_edge_inputs(traced: TracedModel, node: fx.Node) -> tuple[EdgeInput, ...]:
+    """The edge data arguments of one conv call (model edge placeholders it receives)."""
+    if not traced.edge_args:
+        return ()
+    module = traced.conv_module(node)
+    bound = inspect.signature(module.forward).bind(*node.args, **node.kwargs)
+    out = []
+    for name, val in bound.arguments.items():
+        if isinstance(val, fx.Node) and val.op == "placeholder" and val.target in traced.edge_args:
+            out.append(EdgeInput(name, str(val.target), traced.edge_args[str(val.target)]))
+    return tuple(out)
+
+
+def _bind_edge_inputs(
+    traced: TracedModel, adapters: nn.ModuleDict, adapter_names: dict[str, str]
+) -> int | None:
+    """Tell each adapter the edge data its conv's calls take (one set per conv module) and
+    what the whole model takes; returns the edge feature width the convs expect.
+
+    Raises:
+        ModelTraceError: a conv whose adapter cannot take edge data is called with it, or
+            one conv module is called with different edge data, or the edge feature
+            width cannot be told.
+    """
+    if not traced.edge_args:
+        return None
+    per_conv: dict[str, tuple[EdgeInput, ...]] = {}
+    for c in traced.conv_nodes:
+        qual = str(c.target)
+        inputs = _conv_edge_inputs(traced, c)
+        if per_conv.setdefault(qual, inputs) != inputs:
+            raise ModelTraceError(
+                f"conv '{qual}' at {source_line(c)} is called with other edge data than at "
+                "its first call; one conv module must take the same edge data at every call"
+            )
+    model_name = type(traced.gm).__name__
+    for qual, inputs in per_conv.items():
+        adapter = adapters[adapter_names[qual]]
+        if inputs and not adapter.accepts_edge_data:
+            raise ModelTraceError(
+                f"conv '{qual}' ({type(traced.gm.get_submodule(qual)).__name__}) is called "
+                f"with edge data '{inputs[0].arg}', which hopserve cannot pass to it yet. "
+                f"{NODEWISE_ADVICE_EDGE}"
+            )
+        try:
+            adapter.set_edge_inputs(inputs, traced.edge_args, model_name)
+        except UnsupportedConvError as err:
+            raise ModelTraceError(f"conv '{qual}': {err}") from err
+    feature_convs = [
+        (q, traced.gm.get_submodule(q))
+        for q, inputs in per_conv.items()
+        if any(i.column == "features" for i in inputs)
+    ]
+    edge_dim = edge_feature_width(feature_convs) if feature_convs else None
+    for adapter in adapters.values():
+        adapter.edge_feature_dim = edge_dim
+    return edge_dim
+
+
+NODEWISE_ADVICE_EDGE = (
+    "Serve a model whose convs take edge data hopserve supports (docs/support_matrix.md)"
+)
 
 
 def _conv_adapters(
@@ -110,12 +182,13 @@ def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
         raise ModelTraceError(f"conv '{node.target}' at {source_line(node)} has no input")
     x_name, x_val = params[0]
     for name, val in params[1:]:
-        is_graph = isinstance(val, fx.Node) and val.op == "placeholder"
+        is_graph = isinstance(val, fx.Node) and val.op == "placeholder"  # or edge data
         if is_graph or val is None or val is sig.parameters[name].default:
             continue
         raise ModelTraceError(
             f"conv '{node.target}' at {source_line(node)} is called with argument "
-            f"'{name}'; only (x, edge_index) calls are supported (edge features are not yet)"
+            f"'{name}'; only (x, edge_index) calls, with edge data from the model's "
+            "edge_weight / edge_attr arguments, are supported"
         )
     if not isinstance(x_val, fx.Node):
         raise ModelTraceError(

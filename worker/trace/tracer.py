@@ -3,14 +3,18 @@
 Call order::
 
     trace_model(model)
-      ├─ _signature()        which forward() argument is the graph, which the features
+      ├─ _signature()        which forward() argument is the graph, which the features,
+      │                      which carry edge data (``edge_weight`` / ``edge_attr``)
       ├─ ConvLeafTracer.trace  fx trace; convs (support-matrix classes, any MessagePassing)
       │                        and torch.nn built-ins stay leaves, user modules are inlined
       ├─ eliminate_dead_code
-      └─ _check_graph_uses   the graph input may only feed convs' graph argument
+      └─ _check_graph_uses   the graph input and the edge data inputs may only feed convs
 
 PyG-style ``forward(x, edge_index)`` is the default; DGL-style ``forward(graph, x)`` is
-recognised by argument names (``g``/``graph``/``block``/``blocks`` first). DGL convs
+recognised by argument names (``g``/``graph``/``block``/``blocks`` first). Edge data
+arguments stay placeholders: ``edge_weight``-like names are served from the graph store's
+edge weights, ``edge_attr``-like names from its edge features (:data:`EDGE_COLUMNS`); each
+conv receiving one gathers the rows of its batch's edges (:mod:`hopserve.worker.convs`). DGL convs
 (``dgl.nn.pytorch``) are leaves like PyG's and are called ``conv(graph, h)``; modules that
 need a heterograph are refused before tracing (:func:`~.registry.early_refusal`).
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
@@ -84,6 +88,8 @@ class TracedModel:
     graph_arg: str
     style: str  # "pyg" | "dgl"
     conv_nodes: list[fx.Node]
+    # forward() arguments carrying edge data -> the store column serving them
+    edge_args: dict[str, str] = field(default_factory=dict)
 
     def conv_module(self, node: fx.Node) -> nn.Module:
         return self.gm.get_submodule(str(node.target))
@@ -92,10 +98,47 @@ class TracedModel:
 _EDGE_DATA_ARG = re.compile(
     r"(edge_(weight|attr|feat|feature|type|norm)|e_?feats?|e_?weight|etype|edge_w)s?"
 )
-"""Names of ``forward`` parameters that carry per-edge data (refused: the store has none)."""
+"""Names of ``forward`` parameters that carry per-edge data."""
+_EDGE_WEIGHT_ARG = re.compile(r"(edge_weight|e_?weight|edge_w)s?")
+_EDGE_FEATURE_ARG = re.compile(r"(edge_(attr|feat|feature)|e_?feats?)s?")
+EDGE_COLUMNS = {"weight": "edge_weight", "features": "edge_features"}
+"""Store column names (``GraphStore`` attributes) by kind: an ``edge_weight``-like argument
+is served from ``edge_weight`` ``[E]``, an ``edge_attr``-like one from ``edge_features``
+``[E, d_e]``. Other edge data (``edge_type``, ``edge_norm``) is refused."""
 
 
-def _signature(model: nn.Module) -> tuple[str, str, str, dict[str, object]]:
+def edge_column(name: str) -> str | None:
+    """``"weight"`` / ``"features"`` for a served edge data argument name, else ``None``."""
+    if _EDGE_WEIGHT_ARG.fullmatch(name):
+        return "weight"
+    if _EDGE_FEATURE_ARG.fullmatch(name):
+        return "features"
+    return None
+
+
+def missing_edge_data_message(model_name: str, arg: str, column: str | None = None) -> str:
+    """Why a model taking edge data ``arg`` is refused on a graph without that column."""
+    held = f" ({EDGE_COLUMNS[column]})" if column else ""
+    return (
+        f"{model_name}.forward accepts edge data '{arg}', which the graph store does not "
+        f"hold{held}: served without it, a model trained with it would give other "
+        "embeddings. Serve a forward without the parameter (e.g. a subclass whose "
+        "forward(x, edge_index) calls the parent's) if the model does not use it"
+    )
+
+
+def edge_data_args(model: nn.Module) -> list[str]:
+    """Names of ``model.forward``'s parameters that carry per-edge data."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return []
+    return [name for name in params if _EDGE_DATA_ARG.fullmatch(name)]
+
+
+def _signature(
+    model: nn.Module,
+) -> tuple[str, str, str, dict[str, object], dict[str, str]]:
     params = [
         p
         for p in inspect.signature(model.forward).parameters.values()
@@ -112,37 +155,55 @@ def _signature(model: nn.Module) -> tuple[str, str, str, dict[str, object]]:
     else:
         feature_arg, graph_arg, style = first.name, second.name, "pyg"
     concrete: dict[str, object] = {}
+    edge_args: dict[str, str] = {}
     for p in rest:
+        column = edge_column(p.name)
+        if column is not None and style == "pyg":
+            edge_args[p.name] = column  # a placeholder: served from the store's column
+            continue
+        if _EDGE_DATA_ARG.fullmatch(p.name):
+            reason = (
+                "edge data of DGL-style models is not served yet"
+                if column is not None
+                else "only edge weights (edge_weight) and edge features (edge_attr) are "
+                "served, not edge types or norms"
+            )
+            raise ModelTraceError(
+                f"{type(model).__name__}.forward accepts edge data '{p.name}', which "
+                f"hopserve cannot serve ({reason}): served without it, a model trained "
+                "with it would give other embeddings. Serve a forward without the "
+                "parameter (e.g. a subclass whose forward(x, edge_index) calls the "
+                "parent's) if the model does not use it"
+            )
         if p.default is inspect.Parameter.empty:
             raise ModelTraceError(
                 f"{type(model).__name__}.forward has a required extra argument '{p.name}'; "
-                "only (features, graph) inputs are supported (edge features are not yet)"
-            )
-        if _EDGE_DATA_ARG.fullmatch(p.name):
-            raise ModelTraceError(
-                f"{type(model).__name__}.forward accepts edge data '{p.name}', which the "
-                "graph store does not hold: served without it, a model trained with it "
-                "would give other embeddings. Serve a forward without the parameter (e.g. "
-                "a subclass whose forward(x, edge_index) calls the parent's) if the model "
-                "does not use it"
+                "only (features, graph) inputs and edge data (edge_weight, edge_attr) are "
+                "supported"
             )
         concrete[p.name] = p.default
-    return feature_arg, graph_arg, style, concrete
+    return feature_arg, graph_arg, style, concrete, edge_args
 
 
 def _check_graph_uses(traced: TracedModel) -> None:
-    graph_node = next(
-        n for n in traced.gm.graph.nodes if n.op == "placeholder" and n.target == traced.graph_arg
-    )
-    for user in graph_node.users:
-        if user.op == "call_module" and is_conv_module(traced.gm.get_submodule(str(user.target))):
+    placeholders = {n.target: n for n in traced.gm.graph.nodes if n.op == "placeholder"}
+    for name in (traced.graph_arg, *traced.edge_args):
+        node = placeholders.get(name)
+        if node is None:
             continue
-        raise ModelTraceError(
-            f"the graph input '{traced.graph_arg}' is used outside a conv by "
-            f"'{user.name}' at {source_line(user)}; layer-wise evaluation needs the graph to "
-            "reach convs only (edge dropout, self-loop insertion or pooling in forward() "
-            f"are not node-wise). {NODEWISE_ADVICE}."
-        )
+        for user in node.users:
+            if user.op == "call_module" and is_conv_module(
+                traced.gm.get_submodule(str(user.target))
+            ):
+                continue
+            what = "graph" if name == traced.graph_arg else "edge data"
+            raise ModelTraceError(
+                f"the {what} input '{name}' is used outside a conv by "
+                f"'{user.name}' at {source_line(user)}; layer-wise evaluation needs the "
+                f"{what} to reach convs only (edge dropout, self-loop insertion, edge "
+                "transforms or pooling in forward() are not node-wise). "
+                f"{NODEWISE_ADVICE}."
+            )
 
 
 def _user_frame(err: BaseException, model: nn.Module) -> str:
@@ -173,7 +234,7 @@ def trace_model(model: nn.Module) -> TracedModel:
     refusal = early_refusal(model)
     if refusal is not None:
         raise ModelTraceError(str(refusal)) from refusal
-    feature_arg, graph_arg, style, concrete = _signature(model)
+    feature_arg, graph_arg, style, concrete, edge_args = _signature(model)
     tracer = ConvLeafTracer()
     try:
         graph = tracer.trace(model, concrete_args=concrete or None)
@@ -191,7 +252,7 @@ def trace_model(model: nn.Module) -> TracedModel:
         for n in gm.graph.nodes
         if n.op == "call_module" and is_conv_module(gm.get_submodule(str(n.target)))
     ]
-    traced = TracedModel(gm, feature_arg, graph_arg, style, conv_nodes)
+    traced = TracedModel(gm, feature_arg, graph_arg, style, conv_nodes, edge_args)
     if not conv_nodes:
         raise ModelTraceError(f"{type(model).__name__} has no graph conv reaching its output")
     _check_graph_uses(traced)
