@@ -54,6 +54,18 @@ class TwoGCN(nn.Module):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
 
 
+class WeightedGCN(nn.Module):
+    """Two GCNConvs trained with edge weights: ``forward(x, edge_index, edge_weight)``."""
+
+    def __init__(self, d_in: int, hidden: int = 16, d_out: int = 5):
+        super().__init__()
+        self.conv1 = GCNConv(d_in, hidden)
+        self.conv2 = GCNConv(hidden, d_out)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        return self.conv2(self.conv1(x, edge_index, edge_weight).relu(), edge_index, edge_weight)
+
+
 class GraphSAGE(nn.Module):
     """Three layers with dropout; ``aggr`` in mean / max / sum."""
 
