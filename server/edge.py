@@ -68,6 +68,8 @@ logger = rate_limited(__name__)
 MAX_CHUNK_BYTES = 2 * 1024 * 1024
 """Upper bound of the embedding bytes in one streamed chunk."""
 
+MAX_PENDING_WRITE_ROWS = 200_000
+"""Computed rows waiting for the cache write-behind; beyond, new write-backs are dropped."""
 _OFFLOAD_IDS = 20_000  # requests with more IDs are mapped on a thread
 _UNKNOWN_MODEL = "_unknown"  # metric label for names that are not served (bounded cardinality)
 _POLICIES = (pb.CACHE_POLICY_UNSPECIFIED, pb.CACHE_USE, pb.CACHE_REFRESH, pb.CACHE_BYPASS)
@@ -117,6 +119,9 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self._dispatchers = dispatchers
         self._pipelines: dict[tuple[str, str], ModelPipeline] = {}  # by (name, version)
         self._writebacks: set[asyncio.Task[None]] = set()
+        self._pending_writes: dict[tuple[CacheNamespace, int], list] = {}  # (ids, rows) parts
+        self._pending_rows = 0
+        self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._active = 0  # RPCs being answered (for the shutdown drain)
         self._idle = asyncio.Event()
@@ -405,19 +410,39 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         self, namespace: CacheNamespace, ids: np.ndarray, rows: np.ndarray, seq: int = 0
     ) -> None:
         """Store computed rows in the background (never fails or delays the request),
-        tagged with the graph sequence they were computed at."""
+        tagged with the graph sequence they were computed at.
 
-        async def write() -> None:
-            start = time.perf_counter()
-            try:
-                await self.cache.put_many(namespace, ids, rows, seq)
-            except Exception:  # the cache swallows backend errors; this is a bug
-                logger.exception("cache write-back of %d rows failed", len(ids))
-            self.metrics.observe_stage(namespace.model, "write_back", time.perf_counter() - start)
+        Write-behind with group commit: rows queued while a write is in flight go out
+        together in the next one (one round trip per batch of requests, not one per
+        request). Past :data:`MAX_PENDING_WRITE_ROWS` queued rows, new ones are dropped
+        (a later miss recomputes them).
+        """
+        if self._pending_rows + len(ids) > MAX_PENDING_WRITE_ROWS:
+            logger.debug("cache write-back queue full: %d rows dropped", len(ids))
+            return
+        self._pending_writes.setdefault((namespace, seq), []).append((ids, rows))
+        self._pending_rows += len(ids)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_pending())
+            self._writebacks.add(self._writer)
+            self._writer.add_done_callback(self._writebacks.discard)
 
-        task = asyncio.get_running_loop().create_task(write())
-        self._writebacks.add(task)
-        task.add_done_callback(self._writebacks.discard)
+    async def _write_pending(self) -> None:
+        """Write the queued rows, one ``put_many`` per namespace and sequence, until none
+        are left."""
+        while self._pending_writes:
+            pending, self._pending_writes = self._pending_writes, {}
+            self._pending_rows = 0
+            for (namespace, seq), parts in pending.items():
+                ids = np.concatenate([p[0] for p in parts])
+                rows = np.concatenate([p[1] for p in parts])
+                start = time.perf_counter()
+                try:
+                    await self.cache.put_many(namespace, ids, rows, seq)
+                except Exception:  # the cache swallows backend errors; this is a bug
+                    logger.exception("cache write-back of %d rows failed", len(ids))
+                seconds = time.perf_counter() - start
+                self.metrics.observe_stage(namespace.model, "write_back", seconds)
 
     async def _footprints(self, query: _Query) -> list[pb.TargetFootprint]:
         """Per requested node: its frontier sizes alone, and the largest in-degree its

@@ -146,6 +146,34 @@ def test_concurrent_requests_coalesce_into_shared_batches(served, evaluator, all
         np.testing.assert_allclose(results[k], expected(evaluator, ids), atol=ATOL, rtol=RTOL)
 
 
+def test_concurrent_write_backs_go_out_together(served, all_ids) -> None:
+    """Write-behind with group commit: rows computed for 8 concurrent requests reach the
+    cache in at most one write per batch (not one per request), every one of them."""
+    labels = {"model": MODEL, "stage": "write_back"}
+    before = served.sample("hopserve_stage_duration_seconds_count", **labels) or 0.0
+    batches_before = served.sample("hopserve_batch_requests_count", model=MODEL) or 0.0
+    barrier = threading.Barrier(8)
+    requests = {k: all_ids[[200 + k, 240 + k, 280 + k]] for k in range(8)}
+
+    def one(k: int) -> None:
+        with served.client() as client:
+            barrier.wait()
+            client.get_embeddings(MODEL, requests[k], cache_policy="refresh")
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    served.drain()
+    writes = served.sample("hopserve_stage_duration_seconds_count", **labels) - before
+    batches = served.sample("hopserve_batch_requests_count", model=MODEL) - batches_before
+    assert 1 <= writes <= batches < 8  # one write per batch at most, not one per request
+    with served.client() as client:
+        again = client.get_embeddings_with_info(MODEL, np.concatenate(list(requests.values())))
+    assert again.cache_hits == 24
+
+
 def test_large_request_is_split_into_several_batches(served, evaluator, all_ids) -> None:
     before = served.sample("hopserve_batch_requests_count", model=MODEL)
     ids = all_ids[::-1][:150]  # > max_batch_targets (64) unique targets
