@@ -29,7 +29,7 @@ from hopserve.proto.v1 import admin_pb2
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.server.errors import InvalidRequestError, ModelNotReadyError, quote
 from hopserve.server.metrics import Metrics
-from hopserve.worker.graph.live import InvalidUpdateError, LiveGraph, MutationBatch
+from hopserve.worker.graph.live import ApplyResult, InvalidUpdateError, LiveGraph, MutationBatch
 
 __all__ = ["COMPACT_AFTER_BATCHES", "GraphAdmin", "decode_rows", "model_kind"]
 
@@ -128,13 +128,36 @@ class GraphAdmin:
             idempotency_key=request.idempotency_key,
         )
         self.track_ready(live)
+        # A batch handed to its thread is applied whole even if the caller leaves: the
+        # bookkeeping after it (metrics, compaction, hot-row refresh) then still runs, and
+        # a retry with the same idempotency key is answered with the applied result.
+        applying = asyncio.ensure_future(asyncio.to_thread(live.apply, batch))
         try:
-            result = await asyncio.to_thread(live.apply, batch)
+            result = await asyncio.shield(applying)
+        except asyncio.CancelledError:
+            applying.add_done_callback(lambda done: self._after_cancelled_apply(live, done))
+            raise
         except InvalidUpdateError as err:
             raise InvalidRequestError(f"model {quote(request.model)}: {err}") from None
         except OSError as err:  # the log could not be written: nothing was applied
             log.error("update log of %s: %s", live.path, err)
             raise ModelNotReadyError(f"the graph's update log cannot be written ({err})") from None
+        self._after_apply(live, result)
+        return admin_pb2.UpdateGraphResponse(
+            graph_seq=result.seq,
+            graph_version=live.lineage_version,
+            nodes_added=result.nodes_added,
+            edges_added=result.edges_added,
+            edges_removed=result.edges_removed,
+            features_set=result.features_set,
+            rows_invalidated=result.rows_invalidated,
+            replayed=result.replayed,
+            num_nodes=result.num_nodes,
+            num_edges=result.num_edges,
+        )
+
+    def _after_apply(self, live: LiveGraph, result: ApplyResult) -> None:
+        """Metrics, auto-compaction and the refresh of hot invalidated rows."""
         label = live.path.name
         if not result.replayed:
             m = self.metrics
@@ -150,18 +173,15 @@ class GraphAdmin:
             for model in self._on_graph(live):
                 if model.ready and model_kind(model) in result.affected:
                     self.edge.refresh(model, result.affected[model_kind(model)])
-        return admin_pb2.UpdateGraphResponse(
-            graph_seq=result.seq,
-            graph_version=live.lineage_version,
-            nodes_added=result.nodes_added,
-            edges_added=result.edges_added,
-            edges_removed=result.edges_removed,
-            features_set=result.features_set,
-            rows_invalidated=result.rows_invalidated,
-            replayed=result.replayed,
-            num_nodes=result.num_nodes,
-            num_edges=result.num_edges,
-        )
+
+    def _after_cancelled_apply(self, live: LiveGraph, done: asyncio.Future) -> None:
+        """An update whose caller left: its bookkeeping, once the batch is applied."""
+        if done.cancelled() or done.exception() is not None:
+            return  # refused or not written: nothing was applied
+        try:
+            self._after_apply(live, done.result())
+        except Exception:  # a callback must not raise into the loop
+            log.exception("after an update whose caller left (%s)", live.path)
 
     async def compact_graph(
         self, request: admin_pb2.CompactGraphRequest, context: object
