@@ -55,8 +55,9 @@ class Case:
         history: the conv reads the stack of earlier layers' outputs ``[N, L, C]``
             (``DNAConv``).
         edge: the conv's parameter taking edge data (``"edge_weight"``: the graph's edge
-            weights, ``"edge_attr"``: its ``[E, 3]`` edge features), passed by a model
-            whose ``forward`` takes ``edge_weight`` / ``edge_attr``; ``""``: none.
+            weights; any other name, e.g. ``"edge_attr"``: its ``[E, edge_dim]`` edge
+            features), passed by a model whose ``forward`` takes ``edge_weight`` /
+            ``edge_attr`` (DGL: ``efeat``); ``""``: none.
     """
 
     build: Builder
@@ -64,6 +65,7 @@ class Case:
     same_width: bool = False
     history: bool = False
     edge: str = ""
+    edge_dim: int = 3  # width of the edge features when ``edge`` takes them
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
             same_width=True,
         ),
     ),
-    "CFConv": (Case(lambda cls, i, o: cls(i, 3, 8, o)),),
+    "CFConv": (Case(lambda cls, i, o: cls(i, 3, 8, o), edge="edge_feats"),),
     "ChebConv": (Case(_c(k=2)),),
     "CuGraphGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
     "CuGraphRelGraphConv": (Case(_c(num_rels=2)),),
@@ -295,24 +297,33 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     "DGNConv": (Case(_dgl_pna(True)),),
     "DotGatConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
     "EdgeConv": (Case(_c()),),
-    "EdgeGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), num_heads=2)),),
+    "EdgeGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), num_heads=2), edge="edge_feat"),),
     "EGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), 3, num_heads=2)),),
     "EGNNConv": (Case(lambda cls, i, o: cls(i, 8, o)),),
-    "GATConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
+    "GATConv": (
+        Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),
+        Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2), "edge_weight", edge="edge_weight"),
+    ),
     "GatedGCNConv": (Case(lambda cls, i, o: cls(i, 3, o)),),
     "GatedGraphConv": (Case(lambda cls, i, o: cls(i, i, n_steps=2, n_etypes=1), same_width=True),),
     "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
     "GCN2Conv": (Case(lambda cls, i, o: cls(i, layer=1), same_width=True),),
     "GINConv": (Case(lambda cls, i, o: cls(_mlp(i, o), "sum", learn_eps=True)),),
-    "GINEConv": (Case(lambda cls, i, o: cls(_mlp(i, o))),),
-    "GMMConv": (Case(_c(dim=2, n_kernels=3)),),
+    "GINEConv": (
+        Case(lambda cls, i, o: cls(_mlp(i, i)), same_width=True, edge="edge_feat", edge_dim=8),
+    ),
+    "GMMConv": (Case(_c(dim=3, n_kernels=3), edge="pseudo"),),
     "EdgeWeightNorm": (Case(_same(), same_width=True),),
-    "GraphConv": (Case(_c()),),
+    "GraphConv": (
+        Case(_c()),
+        Case(_c(), "edge_weight", edge="edge_weight"),
+        Case(_c(norm="left"), "norm=left, edge_weight", edge="edge_weight"),
+    ),
     "GroupRevRes": (
         Case(lambda cls, i, o: cls(_dgl("GraphConv")(i // 2, i // 2), groups=2), same_width=True),
     ),
     "HGTConv": (Case(lambda cls, i, o: cls(i, _heads(o), 2, num_ntypes=1, num_etypes=1)),),
-    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn.Linear(3, i * o))),),
+    "NNConv": (Case(lambda cls, i, o: cls(i, o, nn.Linear(3, i * o)), edge="efeat"),),
     "PNAConv": (Case(_dgl_pna(False)),),
     "RelGraphConv": (Case(_c(num_rels=2)),),
     "SAGEConv": (Case(_c(aggregator_type="mean")), Case(_c(aggregator_type="pool"), "pool")),
@@ -407,6 +418,30 @@ class PyGHistory(nn.Module):
         return self.conv2(hist, edge_index)
 
 
+class DGLWeightedTwoConvs(nn.Module):
+    """``conv2(g, relu(conv1(g, inp(x), w)), w)`` with the graph's edge weights, DGL style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, g, x, edge_weight):
+        h = self.conv1(g, self.inp(x), **{self.param: edge_weight}).flatten(1).relu()
+        return self.conv2(g, h, **{self.param: edge_weight}).flatten(1)
+
+
+class DGLEdgeFeatTwoConvs(nn.Module):
+    """``conv2(g, relu(conv1(g, inp(x), e)), e)`` with the graph's edge features, DGL style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, g, x, efeat):
+        h = self.conv1(g, self.inp(x), **{self.param: efeat}).flatten(1).relu()
+        return self.conv2(g, h, **{self.param: efeat}).flatten(1)
+
+
 class DGLTwoConvs(nn.Module):
     """``conv2(g, relu(conv1(g, inp(x))))``, DGL style; heads are flattened."""
 
@@ -428,7 +463,11 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
         inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
     if case.edge:
-        edge_model = PyGWeightedTwoConvs if case.edge == "edge_weight" else PyGEdgeAttrTwoConvs
+        weighted = case.edge == "edge_weight"
+        if library == "dgl":
+            edge_model = DGLWeightedTwoConvs if weighted else DGLEdgeFeatTwoConvs
+        else:
+            edge_model = PyGWeightedTwoConvs if weighted else PyGEdgeAttrTwoConvs
         return edge_model(conv1, conv2, inp, case.edge).eval()
     wrapper = PyGHistory if case.history else PyGTwoConvs
     if library == "dgl":
@@ -451,10 +490,10 @@ def audit_graph(library: str) -> tuple[torch.Tensor, torch.Tensor]:
     return edge_index, x
 
 
-def audit_edge_data(num_edges: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(edge_weight [E], edge_features [E, 3])`` of the audit graph (positive weights)."""
+def audit_edge_data(num_edges: int, dim: int = D_EDGE) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edge_weight [E], edge_features [E, dim])`` of the audit graph (positive weights)."""
     gen = torch.Generator().manual_seed(7)
-    return torch.rand(num_edges, generator=gen) + 0.5, torch.randn(num_edges, D_EDGE, generator=gen)
+    return torch.rand(num_edges, generator=gen) + 0.5, torch.randn(num_edges, dim, generator=gen)
 
 
 def _full_graph(library: str, edge_index: torch.Tensor) -> object:
@@ -490,7 +529,7 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     except Exception as err:  # noqa: BLE001 - the table's arguments are wrong: report it
         return row("crash", f"cannot build with the audit's arguments: {type(err).__name__}: {err}")
     edge_index, x = audit_graph(library)
-    weight, edge_feats = audit_edge_data(edge_index.shape[1])
+    weight, edge_feats = audit_edge_data(edge_index.shape[1], case.edge_dim)
     edge = {}
     if case.edge:  # the model's edge data argument, and the store's column
         edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
@@ -518,7 +557,7 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     try:
         with torch.no_grad():
             want = (
-                model(_full_graph(library, edge_index), x)
+                model(_full_graph(library, edge_index), x, *edge.values())
                 if library == "dgl"
                 else model(x, edge_index, *edge.values())
             )

@@ -4,7 +4,9 @@
     h_v' = \\gamma\\big(h_v,\\ \\bigoplus_{u \\in N_{in}(v)} \\phi(h_v, h_u, e_{uv})\\big)
 
 The batch becomes a DGL *block* (``dgl.create_block`` from the batch's local CSC:
-destinations are columns, each in-edge keeps its CSC position as edge id) and the conv
+destinations are columns, block edge ``i`` is the batch's in-edge ``i``, so edge data
+arguments — ``edge_weight``, ``efeat``, ``edge_feat``, ``pseudo`` — are the store
+column's rows ``column[batch.edge_ids]``, passed as the conv's own keywords) and the conv
 runs as DGL runs it in its own layer-wise inference loops: ``conv(block, x_src)``, where
 DGL takes the destination rows as ``x_src[:num_dst]`` — hopserve's batches are
 destination-first, as DGL's blocks are.
@@ -282,6 +284,7 @@ class DGLConvAdapter(ConvAdapter):
     """
 
     qualname = ""  # the conv's name in the model (set by the registry), for messages
+    accepts_edge_data = True  # edge data reaches the conv as its own keyword arguments
 
     def __init__(self, conv: nn.Module, *, pair: bool | None = None) -> None:
         super().__init__(conv)
@@ -304,6 +307,7 @@ class DGLConvAdapter(ConvAdapter):
         self._tables = LayerTableCache()
 
     def prepare(self, graph) -> None:  # graph: GraphStore
+        self.bind_edge_data(graph)
         key = (id(graph), getattr(graph, "version", None))
         if key == self._graph_key:
             return
@@ -328,9 +332,10 @@ class DGLConvAdapter(ConvAdapter):
         return x
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        if self._project_first and full_layer(batch):
+        edge = self.edge_values(batch) if self.edge_inputs else {}
+        if self._project_first and full_layer(batch) and not edge:
             return self._run_projected(x, batch)
-        return aggregate_first(self.conv)(dgl_block(batch), self.features(x, batch))
+        return aggregate_first(self.conv)(dgl_block(batch), self.features(x, batch), **edge)
 
     def _run_projected(self, x: Tensor, batch: LayerBatch) -> Tensor:
         """The conv's own forward on a full layer, ``fc_neigh(x)`` computed once per layer.

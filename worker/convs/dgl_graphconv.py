@@ -18,7 +18,10 @@ activation (its parameters, read at call time; the module is never mutated).
 :math:`d^{in}_v` is the batch's in-degree, which is the whole graph's for exact
 evaluation (every in-edge of a destination is in its batch) and the sampled count for
 sampling evaluation. ``"right"`` / ``"none"`` need no whole-graph statistic and run
-unchanged (:class:`~.dgl_conv.DGLConvAdapter`).
+unchanged (:class:`~.dgl_conv.DGLConvAdapter`). Edge weights (the model's ``edge_weight``,
+from the store's column): DGL multiplies each message by its edge's weight (``u_mul_e``)
+and keeps the unweighted degree norms; each case does the same with the weights of the
+batch's edges (``u_mul_e_sum``, or times the per-edge norm).
 
 Three cases, by how the batch reads its sources:
 
@@ -158,7 +161,16 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         if full_layer(batch):
             return self._run_full_layer(x, batch)
         w = self.edge_weight(batch).to(x.dtype)
+        user = self._user_weight(batch)
+        if user is not None:
+            w = w * user.to(x.dtype)
         return _unnormalized(self.conv)(dgl_block(batch), self.features(x, batch), edge_weight=w)
+
+    def _user_weight(self, batch: LayerBatch) -> Tensor | None:
+        """The model's ``edge_weight`` rows of the batch's edges, or ``None``."""
+        if not self.edge_inputs:
+            return None
+        return self.edge_values(batch)["edge_weight"]
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         """A full layer: ``c_out ⊙ x`` (times ``W`` when ``in > out``) once per layer."""
@@ -186,7 +198,12 @@ class DGLGraphConvAdapter(DGLConvAdapter):
                 "There are 0-in-degree nodes in the graph, output for those nodes will be "
                 "invalid (GraphConv with allow_zero_in_degree=False)."
             )
-        rst = dgl.ops.copy_u_sum(block, src)
+        user = self._user_weight(batch)
+        if user is None:
+            rst = dgl.ops.copy_u_sum(block, src)
+        else:  # DGL's u_mul_e with the model's weights; the norms stay unweighted degrees
+            e = user.to(src.dtype).reshape((-1,) + (1,) * (src.dim() - 1))
+            rst = dgl.ops.u_mul_e_sum(block, src, e)
         if not projected and conv.weight is not None:
             rst = torch.matmul(rst, conv.weight)
         if self.norm == "both":

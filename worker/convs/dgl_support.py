@@ -13,7 +13,7 @@ from torch import nn
 
 from hopserve.worker.convs.base import ConvAdapter
 
-EDGE_FEATURES = "needs edge features; the graph store has no edge data yet"
+EDGE_DATA = "; edge data from the graph store's edge columns"
 HETERO = (
     "runs on a heterogeneous graph (per-type node features and relations); "
     "hopserve's graph store is homogeneous. Convert with dgl.to_homogeneous and a "
@@ -47,10 +47,18 @@ def _pna(conv: nn.Module) -> ConvAdapter:
 # name -> (status, adapter factory, note); a class missing from the installed DGL is skipped.
 ROWS: dict[str, tuple[str, object, str]] = {
     # -- exact: the conv's own forward on the batch's block
-    "SAGEConv": ("exact", _block, "mean/gcn/pool; lstm in edge-id order (see README)"),
-    "GATConv": ("exact", _block, "multi-head, residual; edge softmax over all in-edges"),
+    "SAGEConv": (
+        "exact",
+        _block,
+        "mean/gcn/pool; lstm in edge-id order (see README)" + EDGE_DATA,
+    ),
+    "GATConv": (
+        "exact",
+        _block,
+        "multi-head, residual; edge softmax over all in-edges" + EDGE_DATA,
+    ),
     "GATv2Conv": ("exact", _block, "multi-head, residual; edge softmax over all in-edges"),
-    "GINConv": ("exact", _block, "sum/max/mean, learnable eps, apply_func"),
+    "GINConv": ("exact", _block, "sum/max/mean, learnable eps, apply_func" + EDGE_DATA),
     "EdgeConv": ("exact", _block, "max over in-neighbours of theta(x_j - x_i) + phi(x_i)"),
     "DotGatConv": ("exact", _block, "dot-product attention over in-neighbours"),
     "AGNNConv": ("exact", _block, "cosine attention over in-neighbours"),
@@ -58,7 +66,8 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "GraphConv": (
         "adapted",
         _graphconv,
-        "norm both/left scale by whole-graph source out-degrees: computed once per graph",
+        "norm both/left scale by whole-graph source out-degrees: computed once per graph"
+        + EDGE_DATA,
     ),
     "PNAConv": (
         "adapted",
@@ -86,13 +95,25 @@ ROWS: dict[str, tuple[str, object, str]] = {
     ),
     # -- refused: edge data, coordinates, relations
     "RelGraphConv": ("refused", None, "needs per-edge relation types; the graph store has none"),
-    "GINEConv": ("refused", None, EDGE_FEATURES),
-    "NNConv": ("refused", None, EDGE_FEATURES),
-    "GMMConv": ("refused", None, "needs edge pseudo-coordinates; the graph store has no edge data"),
-    "EGATConv": ("refused", None, EDGE_FEATURES),
-    "EdgeGATConv": ("refused", None, EDGE_FEATURES),
-    "GatedGCNConv": ("refused", None, EDGE_FEATURES),
-    "CFConv": ("refused", None, EDGE_FEATURES),
+    "GINEConv": ("exact", _block, "sum of relu(x_j + e_ij) over in-edges" + EDGE_DATA),
+    "NNConv": ("exact", _block, "edge-conditioned weights per in-edge" + EDGE_DATA),
+    "GMMConv": (
+        "exact",
+        _block,
+        "Gaussian kernels of each in-edge's pseudo-coordinates" + EDGE_DATA,
+    ),
+    "EdgeGATConv": ("exact", _block, "attention with edge features over in-edges" + EDGE_DATA),
+    "CFConv": ("exact", _block, "continuous filters from edge features, summed" + EDGE_DATA),
+    "EGATConv": (
+        "refused",
+        None,
+        "also returns new edge features (per-edge outputs a layer-wise split cannot store)",
+    ),
+    "GatedGCNConv": (
+        "refused",
+        None,
+        "also returns new edge features (per-edge outputs a layer-wise split cannot store)",
+    ),
     "AtomicConv": ("refused", None, "needs per-edge distances; the graph store has no edge data"),
     "EGNNConv": ("refused", None, "needs node coordinates and edge features"),
     "EdgeWeightNorm": (

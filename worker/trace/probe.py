@@ -48,7 +48,8 @@ def call_model(
     """The model's own full-graph forward on ``(x, edge_index)``, in its calling style;
     ``edge``: its edge data arguments by name (aligned with ``edge_index``'s columns)."""
     graph = model_graph(style, edge_index, x.shape[0])
-    return model(graph, x) if style == "dgl" else model(x, graph, **(edge or {}))
+    edge = edge or {}
+    return model(graph, x, **edge) if style == "dgl" else model(x, graph, **edge)
 
 
 def probe_edge_data(
@@ -64,7 +65,7 @@ def probe_edge_data(
     return {arg: columns[column] for arg, column in edge_args.items()}
 
 
-_EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim")
+_EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim", "_dim", "_edge_feats")
 
 
 def _in_width(module: nn.Module) -> int | None:
@@ -108,8 +109,15 @@ def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
                 ),
                 None,
             )
-        if width is None:
-            inner = getattr(conv, "nn", None)
+        if width is None:  # an edge network: PyG's nn, DGL's edge_func / apply_func
+            inner = next(
+                (
+                    getattr(conv, a)
+                    for a in ("nn", "edge_func", "apply_func", "project_edge")
+                    if isinstance(getattr(conv, a, None), nn.Module)
+                ),
+                None,
+            )
             first = next(
                 (_in_width(m) for m in inner.modules() if _in_width(m)) if inner else iter(()),
                 None,

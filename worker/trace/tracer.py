@@ -158,14 +158,12 @@ def _signature(
     edge_args: dict[str, str] = {}
     for p in rest:
         column = edge_column(p.name)
-        if column is not None and style == "pyg":
+        if column is not None:
             edge_args[p.name] = column  # a placeholder: served from the store's column
             continue
         if _EDGE_DATA_ARG.fullmatch(p.name):
             reason = (
-                "edge data of DGL-style models is not served yet"
-                if column is not None
-                else "only edge weights (edge_weight) and edge features (edge_attr) are "
+                "only edge weights (edge_weight) and edge features (edge_attr) are "
                 "served, not edge types or norms"
             )
             raise ModelTraceError(
