@@ -112,7 +112,7 @@ class GCNAdapter(ConvAdapter):
         key = (id(graph), getattr(graph, "version", None))
         if key == self._graph_key:
             return
-        self._weight = self._edge_columns.get("weight") if self.edge_inputs else None
+        self._weight = self._edge_weights(graph) if self.edge_inputs else None
         if self._weight is not None:
             self._prepare_weighted(graph, key)
             return
@@ -148,6 +148,10 @@ class GCNAdapter(ConvAdapter):
             self._dinv = dinv
             self._loop_weight = None
         self._graph_key = key
+
+    def _edge_weights(self, graph) -> Tensor | None:  # noqa: ANN001 - a GraphStore
+        """The ``[E]`` edge weights the normalization uses (CSC order): the store's."""
+        return self._edge_columns.get("weight")
 
     def _prepare_weighted(self, graph, key) -> None:  # noqa: ANN001
         r"""``gcn_norm`` with edge weights: :math:`\hat d` sums weights (see the module doc)."""

@@ -1,5 +1,5 @@
 """Convs that normalize by GCN's symmetric degrees inside their forward: ``LGConv``, ``DNAConv``,
-``EGConv`` (its ``"symnorm"`` aggregator).
+``EGConv`` (its ``"symnorm"`` aggregator), ``PDNConv`` (weights computed from edge features).
 
 .. math::
     h_v' = \\bigoplus_{u \\in N_{in}(v) \\cup \\{v\\}}
@@ -23,6 +23,14 @@ and reach the conv's own forward without a second normalization:
   per-destination quantity (attention over the layer history, EGConv's sum / mean / max
   aggregators over the same edges) sees the destination's full in-neighbourhood.
 
+``PDNConv`` turns each edge's features into a weight (its ``mlp``, per edge) and normalizes
+like a weighted GCN (``improved=False``): :math:`\\hat d_u` sums the weights of the source's
+own in-edges, which a batch does not hold. ``prepare`` runs the conv's ``mlp`` once over
+every edge of the graph (CSC order, in chunks) and normalizes with those weights as
+:class:`~.gcn.GCNAdapter` does with stored weights; each batch then runs the conv with
+``normalize`` off on the weighted adjacency (its ``mlp`` is not run again). Called without
+edge features, ``PDNConv`` is an unweighted GCN, and so is its adapter.
+
 ``EGConv`` without ``"symnorm"`` but with ``add_self_loops`` is refused: its forward then
 adds loops with ``add_remaining_self_loops`` *without* a node count, so nodes above the
 largest id that has an edge get none — a property of the caller's node numbering, not of
@@ -34,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import LayerBatch, UnsupportedConvError
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch, UnsupportedConvError
 from hopserve.worker.convs.gcn import GCNAdapter
 
 
@@ -55,6 +63,48 @@ class LGConvAdapter(GCNAdapter):
     @property
     def improved(self) -> bool:
         return False
+
+
+class PDNConvAdapter(GCNAdapter):
+    """``PDNConv``: GCN normalization by weights its ``mlp`` computes from edge features."""
+
+    accepts_edge_data = True
+    CHUNK_EDGES = 1 << 16
+
+    def set_edge_inputs(self, inputs, model_edge_args, model_name, edge_feature_dim=None):  # noqa: ANN001
+        for inp in inputs:
+            if inp.param != "edge_attr" or inp.column != "features":
+                raise UnsupportedConvError(
+                    f"'{inp.arg}' is passed as PDNConv's '{inp.param}'; it takes edge "
+                    "features (an edge_attr-like argument) only"
+                )
+        ConvAdapter.set_edge_inputs(self, inputs, model_edge_args, model_name, edge_feature_dim)
+
+    @property
+    def improved(self) -> bool:
+        return False
+
+    def _edge_weights(self, graph) -> Tensor:  # noqa: ANN001 - a GraphStore
+        feats = self._edge_columns["features"]
+        mlp = self.conv.mlp
+        device = next(mlp.parameters()).device
+        out = torch.empty(feats.shape[0], dtype=torch.float32)
+        with torch.no_grad():
+            for a in range(0, feats.shape[0], self.CHUNK_EDGES):
+                rows = feats[a : a + self.CHUNK_EDGES].to(device)
+                out[a : a + rows.shape[0]] = mlp(rows).squeeze(-1).float().cpu()
+        return out
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        adj = self._adjacency(batch, x.dtype)
+        conv = self.conv
+        with self._lock:
+            saved = conv.normalize
+            conv.normalize = False
+            try:
+                return conv(x, adj)  # edge_attr None: the mlp is not run again
+            finally:
+                conv.normalize = saved
 
 
 class _CachedNormAdapter(GCNAdapter):

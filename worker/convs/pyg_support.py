@@ -94,6 +94,12 @@ def _eg(conv: nn.Module) -> ConvAdapter:
     return EGConvAdapter(conv)
 
 
+def _pdn(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn_norm import PDNConvAdapter
+
+    return PDNConvAdapter(conv)
+
+
 def _antisymmetric(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.antisymmetric import AntiSymmetricAdapter
 
@@ -181,6 +187,12 @@ ROWS: dict[str, tuple[str, object, str]] = {
         _eg,
         "symnorm from whole-graph degrees; other aggregators read destinations only",
     ),
+    "PDNConv": (
+        "adapted",
+        _pdn,
+        "weights from its mlp over every edge's features, then symmetric normalization from "
+        "whole-graph weighted degrees",
+    ),
     "AntiSymmetricConv": (
         "adapted",
         _antisymmetric,
@@ -209,12 +221,6 @@ ROWS: dict[str, tuple[str, object, str]] = {
         None,
         "runs the spline kernels of pyg-lib / torch-spline-conv, which hopserve does not "
         "install or test",
-    ),
-    "PDNConv": (
-        "refused",
-        None,
-        "normalizes by degrees of edge weights it computes from edge features (a "
-        "whole-graph statistic over each source's in-edges); no adapter yet",
     ),
     "RGCNConv": ("refused", None, EDGE_TYPES),
     "FastRGCNConv": ("refused", None, EDGE_TYPES),

@@ -285,3 +285,35 @@ def test_conv_without_edge_support_called_with_edge_data_is_refused():
                 return self.gcn(self.conv(x, edge_index), edge_index, edge_attr)
 
         LayerwiseEvaluator(Wrong(), store)
+
+
+def test_pdnconv_weights_from_edge_features(medium):
+    """PDNConv's weights come from its mlp over each edge's features; its normalization
+    sums the sources' weights over the whole graph (adapted), full, partial and sampled
+    against the forward (sampled: on G_l with its edges' features)."""
+    ei, x, w, ea, store = medium
+    torch.manual_seed(0)
+    model = AttrTwo(
+        pyg.PDNConv(D_IN, H, edge_dim=D_E, hidden_channels=4),
+        pyg.PDNConv(H, 4, edge_dim=D_E, hidden_channels=4, add_self_loops=False),
+    ).eval()
+    want = _forward(model, "edge_attr", x, ei, ea)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=53, progress=False)
+    assert_exact(ev.evaluate(), want, "PDNConv full")
+    targets = torch.tensor([599, 0, 17, 17, 300])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "PDNConv partial")
+    topo = store.topology
+    nodes = np.arange(store.num_nodes)
+    graphs = []
+    for layer, fanout in ((1, 3), (2, 2)):
+        local, pos = sample_in_edges(topo.indptr, nodes, fanout, layer, 5)
+        pos_t = torch.from_numpy(np.asarray(pos, dtype=np.int64))
+        src = store.to_external(torch.from_numpy(topo.indices[pos].astype(np.int64)))
+        dst = store.to_external(torch.from_numpy(np.repeat(nodes, np.diff(local))))
+        graphs.append((torch.stack([src, dst]), store.edge_features[pos_t]))
+    with torch.no_grad():
+        (e1, a1), (e2, a2) = graphs
+        h = model.conv1(x, e1, edge_attr=a1).relu()
+        sampled = model.conv2(h, e2, edge_attr=a2)
+    got = ev.evaluate(targets=targets, fanouts=[3, 2], seed=5)
+    assert_exact(got, sampled[targets], "PDNConv sampled")
