@@ -1,7 +1,8 @@
 """A GCN trained with edge weights, served end to end over gRPC from a graph store holding
 the weights: the answers equal the model's own weighted forward (and not the unweighted
 one); the same model on a graph without weights is refused at load naming the parameter;
-an update adding edges to the weighted graph is refused with INVALID_ARGUMENT."""
+an update (or a cold-start request's delta) adding edges to the weighted graph is refused
+with INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from support.models import WeightedGCN
 
 from hopserve import GraphStore
 from hopserve.config import HopserveConfig
-from hopserve.proto.v1 import admin_pb2, admin_pb2_grpc
+from hopserve.proto.v1 import admin_pb2, admin_pb2_grpc, embedding_pb2_grpc
 from hopserve.proto.v1 import embedding_pb2 as pb
 from hopserve.testing import free_port
 
@@ -82,6 +83,15 @@ def test_weighted_gcn_served_over_grpc_equals_its_weighted_forward(weighted, sta
         assert "edge weights or edge features" in info.value.details()
         graph_info = admin.GetGraph(admin_pb2.GetGraphRequest(model="wgcn"))
         assert graph_info.graph_seq == 0
+        # a cold-start request's own edges would carry no weights either
+        embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
+        delta = pb.GraphDelta(add_edges=pb.EdgeList(src=[int(ids[2])], dst=[int(ids[4])]))
+        with pytest.raises(grpc.RpcError) as info:
+            embed.GetEmbeddings(
+                pb.GetEmbeddingsRequest(model="wgcn", node_ids=[int(ids[4])], delta=delta)
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "edge weights or edge features" in info.value.details()
     with server.client() as client:  # still the weighted rows
         again = torch.from_numpy(client.get_embeddings("wgcn", ids).copy())
     assert_exact(again, want[rows], "after the refused update")
