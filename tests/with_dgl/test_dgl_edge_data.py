@@ -133,3 +133,16 @@ def test_dgl_model_refused_without_the_column():
     model, _ = _case("nnconv", ei, x, w, ea)
     with pytest.raises(ModelTraceError, match=r"accepts edge data 'efeat'"):
         LayerwiseEvaluator(model, GraphStore.from_edge_index(ei, x, edge_weight=w))
+
+
+@pytest.mark.parametrize("family", ["graphconv_both", "nnconv", "gat"])
+def test_dgl_nodewise_fallback_passes_the_edge_data(family):
+    """The sink node's extra edges get neutral edge data; targets' rows stay exact."""
+    from hopserve.worker.engine.nodewise import NodewiseEvaluator
+
+    ei, x, w, ea = _graph(200, 800, 5)
+    model, want = _case(family, ei, x, w, ea)
+    store = GraphStore.from_edge_index(ei, x, edge_weight=w, edge_attr=ea)
+    targets = torch.tensor([199, 0, 17, 17, 100])
+    got = NodewiseEvaluator(model, store, batch_size=2).evaluate(targets=targets)
+    assert_exact(got, want[targets], f"node-wise {family}")

@@ -17,6 +17,11 @@ edges to the sink for the out-edges the subgraph lacks, so its out-degree is the
 graph's. A graph with real zero-in-degree nodes is refused up front for such convs, as
 the model's own forward would fail on it.
 
+Edge data: a model whose ``forward`` takes ``edge_weight`` / ``edge_attr`` (DGL: ``efeat``)
+gets the store's rows of the subgraph's edges (their CSC positions); the sink's edges get
+weight 1 and zero features, and reach only the sink and the outer ring, whose outputs no
+target reads. A graph without the column refuses the model, naming the argument.
+
 This is the fallback for models the layer-wise engine refuses, and the node-wise
 baseline of the benchmarks.
 """
@@ -140,15 +145,7 @@ class NodewiseEvaluator:
         batch_size: int = 256,
         degree_hop: bool | None = None,
     ) -> None:
-        from hopserve.worker.trace.tracer import ModelTraceError, edge_data_args
-
-        edge_args = edge_data_args(model)
-        if edge_args:  # it would run the model without them: other embeddings
-            raise ModelTraceError(
-                f"{type(model).__name__}.forward accepts edge data '{edge_args[0]}', which "
-                "the node-wise fallback does not pass to the model yet; serve it layer by "
-                "layer (its graph must hold the edge data)"
-            )
+        self.edge_args = _edge_args(model, graph)
         self.model = model.eval().to(device)
         self.graph = graph
         self.device = torch.device(device)
@@ -258,16 +255,31 @@ class NodewiseEvaluator:
         src = torch.searchsorted(field, torch.from_numpy(topo.indices[pos].astype(np.int64)))
         dst = torch.searchsorted(field, torch.repeat_interleave(inner, torch.from_numpy(counts)))
         x = g.features.index_select(0, field).float().to(self.device)
+        edge = self._edge_data(torch.from_numpy(np.asarray(pos, dtype=np.int64)))
         if self.style == "dgl":
-            out = self._dgl_forward(x, field, inner, src, dst)
+            out = self._dgl_forward(x, field, inner, src, dst, edge)
         else:
             edge_index = torch.stack([src, dst]).to(self.device)
             with torch.no_grad(), fresh_conv_caches(self.model):
-                out = self.model(x, edge_index)
+                out = self.model(x, edge_index, **edge)
         return out[torch.searchsorted(field, torch.as_tensor(targets)).to(self.device)].cpu()
 
+    def _edge_data(self, pos: Tensor) -> dict[str, Tensor]:
+        """The model's edge data arguments: the store's rows of the subgraph's edges
+        (CSC positions ``pos``, the subgraph's edge order)."""
+        return {
+            arg: _column_of(self.graph, column)[pos].to(self.device)
+            for arg, column in self.edge_args.items()
+        }
+
     def _dgl_forward(
-        self, x: Tensor, field: Tensor, inner: Tensor, src: Tensor, dst: Tensor
+        self,
+        x: Tensor,
+        field: Tensor,
+        inner: Tensor,
+        src: Tensor,
+        dst: Tensor,
+        edge: dict[str, Tensor] | None = None,
     ) -> Tensor:
         """The model on the field's DGLGraph plus the sink node (see the module doc)."""
         import dgl
@@ -285,5 +297,37 @@ class NodewiseEvaluator:
             dsts.append(torch.full_like(owed, sink))
         graph = dgl.graph((torch.cat(srcs), torch.cat(dsts)), num_nodes=sink + 1)
         x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+        extra = graph.num_edges() - src.numel()  # the sink's edges: neutral edge data
+        edge = {  # (weight 1, zero features): they only reach the sink and the ring
+            arg: torch.cat([v, (v.new_ones if v.dim() == 1 else v.new_zeros)(extra, *v.shape[1:])])
+            for arg, v in (edge or {}).items()
+        }
         with torch.no_grad():
-            return self.model(graph.to(self.device), x)[:sink]
+            return self.model(graph.to(self.device), x, **edge)[:sink]
+
+
+def _column_of(graph, column: str) -> Tensor:  # noqa: ANN001 - a GraphStore
+    return graph.edge_weight if column == "weight" else graph.edge_features
+
+
+def _edge_args(model: nn.Module, graph) -> dict[str, str]:  # noqa: ANN001 - a GraphStore
+    """The model's edge data arguments -> store column; refuses what cannot be served."""
+    from hopserve.worker.trace.tracer import (
+        ModelTraceError,
+        edge_column,
+        edge_data_args,
+        missing_edge_data_message,
+    )
+
+    out = {}
+    for arg in edge_data_args(model):
+        column = edge_column(arg)
+        if column is None:
+            raise ModelTraceError(
+                f"{type(model).__name__}.forward accepts edge data '{arg}', which hopserve "
+                "cannot serve (only edge weights and edge features, not edge types or norms)"
+            )
+        if _column_of(graph, column) is None:
+            raise ModelTraceError(missing_edge_data_message(type(model).__name__, arg, column))
+        out[arg] = column
+    return out

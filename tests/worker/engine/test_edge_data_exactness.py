@@ -317,3 +317,33 @@ def test_pdnconv_weights_from_edge_features(medium):
         sampled = model.conv2(h, e2, edge_attr=a2)
     got = ev.evaluate(targets=targets, fanouts=[3, 2], seed=5)
     assert_exact(got, sampled[targets], "PDNConv sampled")
+
+
+# --------------------------------------------------------------------------- node-wise
+def test_nodewise_fallback_passes_the_edge_data(medium):
+    """A model the layer-wise split refuses (an op on the weights outside the convs) is
+    served node-wise with the subgraph's edge data; plain edge-data models too."""
+    from hopserve.worker.engine.nodewise import NodewiseEvaluator
+
+    class SquashedWeights(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = pyg.GCNConv(D_IN, H), pyg.GCNConv(H, 4)
+
+        def forward(self, x, edge_index, edge_weight=None):
+            w = edge_weight.sigmoid()
+            return self.conv2(self.conv1(x, edge_index, w).relu(), edge_index, w)
+
+    ei, x, w, ea, store = medium
+    torch.manual_seed(0)
+    model = SquashedWeights().eval()
+    ev = make_evaluator(model, store, fallback="nodewise", hops=2)
+    assert ev.mode == "nodewise"
+    targets = torch.tensor([599, 0, 17, 17, 300])
+    want = _forward(model, "edge_weight", x, ei, w)
+    assert_exact(ev.evaluate(targets=targets), want[targets], "node-wise weighted")
+    for family in ("gcn", "gat"):
+        model, arg = _model(family)
+        want = _forward(model, arg, x, ei, w if arg == "edge_weight" else ea)
+        got = NodewiseEvaluator(model, store).evaluate(targets=targets)
+        assert_exact(got, want[targets], f"node-wise {family}")
