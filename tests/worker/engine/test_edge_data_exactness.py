@@ -200,15 +200,15 @@ def test_dropping_the_weights_changes_the_result(medium):
 
 
 # --------------------------------------------------------------------------- sampling
-def _sampled(store: GraphStore, fanout: int, layer: int, seed: int):
-    """``G_l`` in external IDs and the weights of its edges (CSC order)."""
+def _sampled_rows(store: GraphStore, fanout: int, layer: int, seed: int, column: str):
+    """``G_l`` in external IDs and its edges' rows of ``column`` (CSC order)."""
     topo = store.topology
     nodes = np.arange(store.num_nodes)
     local, pos = sample_in_edges(topo.indptr, nodes, fanout, layer, seed)
     src = torch.from_numpy(topo.indices[pos].astype(np.int64))
     dst = torch.from_numpy(np.repeat(nodes, np.diff(local)))
     ei = torch.stack([store.to_external(src), store.to_external(dst)])
-    return ei, store.edge_weight[torch.from_numpy(np.asarray(pos, dtype=np.int64))]
+    return ei, getattr(store, column)[torch.from_numpy(np.asarray(pos, dtype=np.int64))]
 
 
 @pytest.mark.parametrize("family", ["gcn", "gcn_no_loops", "gcn_no_norm", "graphconv"])
@@ -220,10 +220,37 @@ def test_sampling_with_weights_equals_the_sampled_forward(medium, family, fanout
     targets = torch.tensor(MEDIUM_TARGETS[1:]) % 600
     got = ev.evaluate(targets=targets, fanouts=fanouts, seed=7)
     (e1, w1), (e2, w2) = (
-        _sampled(store, f, layer, 7) for layer, f in ((1, fanouts[0]), (2, fanouts[1]))
+        _sampled_rows(store, f, layer, 7, "edge_weight")
+        for layer, f in ((1, fanouts[0]), (2, fanouts[1]))
     )
     with torch.no_grad():
         want = model.conv2(model.conv1(x, e1, w1).relu(), e2, w2)
+    assert_exact(got, want[targets], f"{family} sampled {fanouts}")
+
+
+@family_cases(
+    ["gcn", "gcn_improved", "gat", "gine", "nnconv", "graphconv"], 8, graphs(hub=True, layers=2)
+)
+def test_random_graphs_sampled_with_edge_data_equal_the_sampled_forward(family, case):
+    """Sampling evaluation on G_l: each layer's convs see the sampled edges with their own
+    rows of edge data (GCN: degrees summed over G_l's weights)."""
+    edge_index, x, targets, reorder, fanouts, seed = case
+    model, arg = _model(family)
+    w, ea = _edge_data(edge_index.shape[1], seed=7)
+    store = _store(edge_index, x, w, ea, reorder)
+    column = "edge_weight" if arg == "edge_weight" else "edge_features"
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, self_check=False, progress=False)
+    got = ev.evaluate(targets=targets, fanouts=fanouts, seed=seed)
+    (e1, v1), (e2, v2) = (
+        _sampled_rows(store, f, layer, seed, column)
+        for layer, f in ((1, fanouts[0]), (2, fanouts[1]))
+    )
+    with torch.no_grad():
+        if isinstance(model, AttrTwo):
+            h = model.conv1(model.inp(x), e1, edge_attr=v1).flatten(1).relu()
+            want = model.conv2(h, e2, edge_attr=v2).flatten(1)
+        else:
+            want = model.conv2(model.conv1(x, e1, v1).relu(), e2, v2)
     assert_exact(got, want[targets], f"{family} sampled {fanouts}")
 
 
