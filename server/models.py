@@ -122,8 +122,14 @@ class ServedModel:
 
     @property
     def plans_frontiers(self) -> bool:
-        """Whether exact jobs carry planned frontiers (not for the node-wise fallback)."""
-        return self.status is not None and self.status.mode == "layerwise"
+        """Whether exact jobs carry planned frontiers: not for the node-wise fallback, nor
+        for workers with a layer cache (they plan around their cached rows)."""
+        status = self.status
+        return (
+            status is not None
+            and status.mode == "layerwise"
+            and not getattr(status, "layer_cache_rows", 0)
+        )
 
     @property
     def reads_input_frontier(self) -> bool:

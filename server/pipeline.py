@@ -147,6 +147,10 @@ class ModelPipeline:
         first = 0 if len(stats.layers) == model.num_layers + 1 else 1  # block 0 reported?
         for block, seconds in enumerate(stats.layer_compute_s, start=first):
             metrics.layer_compute.labels(model.name, str(block)).observe(seconds)
+        if plan is None and key.exact:  # the worker planned (around its layer cache)
+            for layer, size in enumerate(stats.frontier_sizes):
+                if size:
+                    metrics.frontier_nodes.labels(model.name, str(layer)).observe(size)
         for layer in stats.layers:
             if 1 <= layer.layer < model.num_layers:
                 label = str(layer.layer)

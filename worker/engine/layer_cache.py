@@ -106,6 +106,9 @@ class LayerCache:
         self.slot_of[self.hubs] = np.arange(self.hubs.size)
         self._seq = {layer: np.full(self.hubs.size, -1, np.int64) for layer in self.boundaries}
         self._values: dict[int, dict[str, Tensor]] = {layer: {} for layer in self.boundaries}
+        # Validity at one sequence, kept between jobs: stale marks move only when the
+        # sequence does, so it changes only by the rows kept since (see _keep).
+        self._valid: dict[int, tuple[int, np.ndarray]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -136,18 +139,26 @@ class LayerCache:
     ) -> dict[int, np.ndarray]:
         """Per boundary, a mask ``[num_nodes]`` of the nodes whose cached state is valid at
         sequence ``seq`` (``stale_since(l, hubs)``: the last sequence that could change
-        each hub's layer-``l`` row). Boundaries with nothing valid are left out."""
+        each hub's layer-``l`` row). Boundaries with nothing valid are left out.
+
+        ``seq`` must be the graph's current sequence (marks are only set up to it): the
+        masks are then kept and reused until it moves (a mask is shared: do not modify).
+        """
         out = {}
         for layer, kept in self._seq.items():
-            filled = kept >= 0
-            if not filled.any():
-                continue
-            valid = filled & (kept <= seq) & (kept >= stale_since(layer, self.hubs))
-            nodes = self.hubs[valid]
-            nodes = nodes[nodes < num_nodes]
-            if nodes.size:
+            memo = self._valid.get(layer)
+            if memo is not None and memo[0] == seq and memo[1].size == num_nodes:
+                mask = memo[1]
+            else:
+                filled = kept >= 0
+                if not filled.any():
+                    continue
+                valid = filled & (kept <= seq) & (kept >= stale_since(layer, self.hubs))
+                nodes = self.hubs[valid]
                 mask = np.zeros(num_nodes, dtype=bool)
-                mask[nodes] = True
+                mask[nodes[nodes < num_nodes]] = True
+                self._valid[layer] = (seq, mask)
+            if mask.any():
                 out[layer] = mask
         return out
 
@@ -209,3 +220,6 @@ class LayerCache:
                 store[name] = table
             table.index_copy_(0, torch.from_numpy(slots), rows)
         kept[slots] = seq
+        memo = self._valid.get(layer)
+        if memo is not None and memo[0] == seq:  # computed at the memo's sequence: valid
+            memo[1][hubs[hubs < memo[1].size]] = True

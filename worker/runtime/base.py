@@ -112,6 +112,7 @@ class LoadedModel:
             graph_seq=live.seq if live is not None else 0,
             degree_normalized=reads_degrees,
             reads_source_degrees=reads_source_degrees,
+            layer_cache_rows=self.layer_cache.capacity if self.layer_cache is not None else 0,
         )
 
     @contextmanager
@@ -393,12 +394,15 @@ class Worker(abc.ABC):
             if entry.graph is not graph:  # the graph moved on: evaluate on this one
                 entry.graph = entry.evaluator.graph = graph
             t0 = time.perf_counter()
-            plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
-            reuse = None
-            if entry.layer_cache is not None:  # frontiers stop at cached hub rows
-                planned = entry.layer_cache.plan(job, graph, targets, entry.live)
-                if planned is not None:
-                    plan, reuse = planned
+            cache = entry.layer_cache
+            plan = reuse = None
+            if job.frontiers is not None or cache is None:  # what was sent is checked
+                plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+            planned = None if cache is None else cache.plan(job, graph, targets, entry.live)
+            if planned is not None:  # frontiers stop at cached hub rows
+                plan, reuse = planned
+            elif plan is None:
+                plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
             checked_s = time.perf_counter() - t0
             out = self._evaluate(job, entry, plan, targets, reuse)
             stats = entry.evaluator.last_stats

@@ -64,14 +64,20 @@ class ModelLayerCache:
         self, job: Job, graph, targets: np.ndarray, live: LiveGraph | None
     ) -> tuple[Plan, LayerReuse] | None:  # noqa: ANN001 - GraphStore
         """The job's plan with reused rows and the run's :class:`LayerReuse`; ``None``
-        when the job cannot use the cache (sampling, a delta, cache off)."""
+        when the job cannot use the cache (sampling, a delta, cache off, or a job run on
+        an earlier version of the graph than the current one).
+
+        Called under the graph's read lock: the sequence and stale marks hold still.
+        """
         if not self.enabled or job.fanouts is not None or job.delta:
             return None
+        seq = int(getattr(graph.topology, "seq", 0))
+        if live is not None and seq != live.seq:
+            return None  # a job planned before an update, run on its older version
         token = _graph_token(graph, live)
         if self.cache is None or not self.cache.matches(token):
             self.cache = self._build(graph, token)
         cache = self.cache
-        seq = int(getattr(graph.topology, "seq", 0))
         if live is not None:
 
             def stale_since(layer: int, nodes: np.ndarray) -> np.ndarray:
