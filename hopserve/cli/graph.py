@@ -137,7 +137,8 @@ def ingest_cmd(
         typer.Option(
             "--edges",
             help="Edge list: CSV/TSV/text (src dst [edge data columns]), .npy [E,2]/[2,E]/"
-            "[E,2+k] or .npz (src, dst, optional edge_weight [E], edge_features [E,d_e]).",
+            "[E,2+k], .npz (src, dst, optional edge_weight [E], edge_features [E,d_e]) or "
+            ".parquet (src, dst, then edge data columns).",
         ),
     ] = None,
     edge_data: Annotated[

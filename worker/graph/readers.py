@@ -9,7 +9,10 @@
   ``edge_index`` ``[2, E]``) and optionally ``edge_weight`` (or ``weight``) ``[E]`` and
   ``edge_features`` (or ``edge_attr``) ``[E, d_e]``. Delimiter: ``.csv`` -> comma,
   ``.tsv`` -> tab, anything else -> comma if the first data line has one, else whitespace.
-- edge data columns (text and ``.npy``): every row has the same number of columns. With
+  ``.parquet``: integer columns ``src`` and ``dst`` (by name, else the first two columns),
+  every other column, in the file's order, an edge data column (numbers; a list column
+  of numbers is several feature columns).
+- edge data columns (text, ``.npy`` and ``.parquet``): every row has the same number of columns. With
   ``edge_data="weight"`` (the default) the third column is the edge weight and any
   further columns are edge features (``src,dst,weight,f1,...,fk``); with
   ``edge_data="features"`` every column after ``dst`` is an edge feature
@@ -367,6 +370,66 @@ def _read_npz_edges(path: Path) -> EdgeList:
     return edge_list
 
 
+def _parquet_column(path: Path, table, name: str, integer: bool) -> np.ndarray:  # noqa: ANN001
+    """One column of a pyarrow table as numpy (``[E]``, or ``[E, k]`` for list columns)."""
+    import pyarrow as pa
+
+    col = table.column(name)
+    if col.null_count:
+        mask = np.asarray(col.is_null().to_numpy(zero_copy_only=False))
+        row = int(np.argmax(mask))
+        raise IngestError(path, row + 1, f"column {name!r} is null")
+    kind = col.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        if integer:
+            raise IngestError(path, None, f"column {name!r}: {kind}, expected integers")
+        rows = col.to_pylist()
+        width = len(rows[0]) if rows else 0
+        for i, r in enumerate(rows):
+            if len(r) != width:
+                raise IngestError(
+                    path, i + 1, f"column {name!r} has {len(r)} values, row 1 has {width}"
+                )
+        try:
+            return np.asarray(rows, dtype=np.float64).reshape(len(rows), width)
+        except (TypeError, ValueError):
+            raise IngestError(path, None, f"column {name!r}: non-numeric values") from None
+    ok = (
+        pa.types.is_integer(kind)
+        if integer
+        else (pa.types.is_integer(kind) or pa.types.is_floating(kind))
+    )
+    if not ok:
+        want = "integers" if integer else "numbers"
+        raise IngestError(path, None, f"column {name!r}: {kind}, expected {want}")
+    return np.asarray(col.to_numpy(zero_copy_only=False))
+
+
+def _read_parquet_edges(path: Path) -> tuple[EdgeList, np.ndarray | None]:
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+    except ImportError:  # pragma: no cover - pyarrow is an engine dependency
+        raise IngestError(path, None, "reading Parquet needs pyarrow") from None
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types
+        raise IngestError(path, None, f"cannot read Parquet: {e}") from None
+    names = list(table.column_names)
+    if len(names) < 2:
+        raise IngestError(path, None, f"expected columns src, dst (found {names})")
+    ends = ["src", "dst"] if {"src", "dst"} <= set(names) else names[:2]
+    src, dst = (
+        _int_edges(path, _parquet_column(path, table, n, integer=True), n).reshape(-1) for n in ends
+    )
+    extra_cols = [
+        c.reshape(-1, 1) if c.ndim == 1 else c
+        for c in (_parquet_column(path, table, n, integer=False) for n in names if n not in ends)
+    ]
+    edges = EdgeList(path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1)
+    extra = np.concatenate(extra_cols, axis=1).astype(np.float64) if extra_cols else None
+    return edges, extra
+
+
 def _finite_edge_data(edges: EdgeList, values: np.ndarray, what: str) -> np.ndarray:
     """``values`` as float32, refusing NaN/Inf (also float64 overflow) naming the row."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -401,7 +464,8 @@ def read_edges(
     progress: bool = True,
     edge_data: str = "weight",
 ) -> EdgeList:
-    """Read an edge file (text, ``.npy`` or ``.npz``; see module doc) into raw int64 arrays.
+    """Read an edge file (text, ``.npy``, ``.npz`` or ``.parquet``; see module doc) into raw
+    int64 arrays.
 
     Args:
         edge_data: what the columns after ``src, dst`` hold: ``"weight"`` (the third is
@@ -422,6 +486,8 @@ def read_edges(
         return _read_npz_edges(path)
     if suffix == ".npy":
         edges, extra = _read_npy_edges(path)
+    elif suffix == ".parquet":
+        edges, extra = _read_parquet_edges(path)
     else:
         if delimiter is None:
             delimiter = detect_delimiter(path, skip_header)

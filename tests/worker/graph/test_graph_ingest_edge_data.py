@@ -121,3 +121,34 @@ def test_cli_edge_data_option(tmp_path, features):
     assert g.edge_weight is None and _stored(g) == _expected(weight=False)
     help_text = CliRunner().invoke(app, ["ingest", "--help"]).output
     assert "--edge-data" in help_text
+
+
+def test_parquet_columns(tmp_path, features):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    src, dst = (list(c) for c in zip(*EDGES, strict=True))
+    table = pa.table({"src": src, "dst": dst, "weight": W, "feat": FEATS})  # a list column
+    pq.write_table(table, tmp_path / "e.parquet")
+    g = ingest(tmp_path / "e.parquet", features, out=tmp_path / "a", progress=False)
+    assert _stored(g) == _expected()
+    a, b = (pa.array([f[k] for f in FEATS]) for k in (0, 1))
+    table = pa.table({"dst": dst, "src": src, "f0": a, "f1": b})  # by name, any order
+    pq.write_table(table, tmp_path / "f.parquet")
+    g = ingest(
+        tmp_path / "f.parquet", features, out=tmp_path / "b", edge_data="features",
+        progress=False,
+    )  # fmt: skip
+    assert _stored(g) == _expected(weight=False)
+    bad = W.copy()
+    bad[3] = float("nan")
+    pq.write_table(pa.table({"src": src, "dst": dst, "w": bad}), tmp_path / "nan.parquet")
+    with pytest.raises(IngestError, match=r"nan\.parquet: row 4: edge weight nan"):
+        ingest(tmp_path / "nan.parquet", features, out=tmp_path / "c", progress=False)
+    table = pa.table({"src": src, "dst": dst, "w": [str(v) for v in W]})
+    pq.write_table(table, tmp_path / "str.parquet")
+    with pytest.raises(IngestError, match=r"str\.parquet: column 'w': string, expected numbers"):
+        ingest(tmp_path / "str.parquet", features, out=tmp_path / "d", progress=False)
+    table = pa.table({"src": src, "dst": dst, "w": pa.array([1.0, None] + W[2:])})
+    pq.write_table(table, tmp_path / "null.parquet")
+    with pytest.raises(IngestError, match=r"null\.parquet: row 2: column 'w' is null"):
+        ingest(tmp_path / "null.parquet", features, out=tmp_path / "e", progress=False)
