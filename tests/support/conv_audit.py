@@ -324,7 +324,14 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     ),
     "HGTConv": (Case(lambda cls, i, o: cls(i, _heads(o), 2, num_ntypes=1, num_etypes=1)),),
     "NNConv": (Case(lambda cls, i, o: cls(i, o, nn.Linear(3, i * o)), edge="efeat"),),
-    "PNAConv": (Case(_dgl_pna(False)),),
+    "PNAConv": (
+        Case(_dgl_pna(False)),
+        Case(
+            _c(aggregators=["mean", "max"], scalers=["identity"], delta=1.5, edge_feat_size=3),
+            "edge_feat_size=3",
+            edge="edge_feat",
+        ),
+    ),
     "RelGraphConv": (Case(_c(num_rels=2)),),
     "SAGEConv": (Case(_c(aggregator_type="mean")), Case(_c(aggregator_type="pool"), "pool")),
     "SGConv": (Case(_c(k=2)),),

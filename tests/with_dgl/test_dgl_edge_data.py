@@ -72,6 +72,13 @@ FAMILIES = {
     "cfconv": lambda: EdgeFeat(
         dglnn.CFConv(D_IN, D_E, 8, 8), dglnn.CFConv(8, D_E, 8, 4), "edge_feats"
     ),
+    "pna": lambda: EdgeFeat(
+        dglnn.PNAConv(
+            D_IN, 8, ["mean", "max"], ["identity", "amplification"], 1.5, edge_feat_size=D_E
+        ),
+        dglnn.PNAConv(8, 4, ["sum"], ["identity"], 1.5, edge_feat_size=D_E),
+        "edge_feat",
+    ),  # fmt: skip
     "gine": lambda: EdgeFeat(
         dglnn.GINEConv(nn.Linear(D_E, D_E)),
         dglnn.GINEConv(nn.Linear(D_E, 4)),

@@ -20,7 +20,8 @@ full-graph :math:`U/\\sqrt{N}` (up to rounding). The destination rows are sliced
 other rows (no in-edges in the batch) are never read; a batch without edges (only
 zero-in-degree destinations, whose full-graph aggregate is zeros) gets one extra,
 self-looped node so that DGL creates the aggregate at all. Sampling evaluation: the model's
-forward on :math:`G_l` has the same :math:`N`.
+forward on :math:`G_l` has the same :math:`N`. Edge features (``edge_feat``): the rows of
+the batch's edges, which are the square graph's edges in order.
 """
 
 from __future__ import annotations
@@ -49,11 +50,14 @@ class _Scaled(nn.Module):
 class DGLPNAAdapter(ConvAdapter):
     """Runs DGL ``PNAConv`` exactly on a batch with the whole graph's node count."""
 
+    accepts_edge_data = True  # edge_feat: the batch's edges' rows (edge i of the square graph)
+
     def __init__(self, conv: nn.Module) -> None:
         super().__init__(conv)
         self._num_nodes: int | None = None
 
     def prepare(self, graph) -> None:  # graph: GraphStore
+        self.bind_edge_data(graph)
         self._num_nodes = int(graph.num_nodes)
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
@@ -61,14 +65,16 @@ class DGLPNAAdapter(ConvAdapter):
 
         assert self._num_nodes is not None, "prepare(graph) runs before the first batch"
         src, dst, n_src = batch.src_index, batch.dst_index, batch.num_src
+        edge = self.edge_values(batch) if self.edge_inputs else {}
         if batch.num_edges == 0:
             # DGL creates no reduced field on an edgeless graph (the full graph gives
             # zero-in-degree nodes zeros): one extra node with a self-loop, never read.
             src = dst = torch.full((1,), n_src, dtype=src.dtype, device=src.device)
             x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
             n_src += 1
-        square = dgl.graph((src, dst), num_nodes=n_src)
-        return self._view(n_src)(square, x)[: batch.num_dst]
+            edge = {k: v.new_zeros((1, *v.shape[1:])) for k, v in edge.items()}
+        square = dgl.graph((src, dst), num_nodes=n_src)  # edge i: the batch's edge i
+        return self._view(n_src)(square, x, **edge)[: batch.num_dst]
 
     def _view(self, n_src: int) -> nn.Module:
         """The conv with each tower's ``U`` scaled by ``sqrt(n_src / N)``; weights shared."""

@@ -73,7 +73,7 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "adapted",
         _pna,
         "graph-size norm 1/sqrt(N) of the whole graph; degree scalers read the "
-        "destination's in-degree",
+        "destination's in-degree" + EDGE_DATA,
     ),
     # -- refused: hops inside one module
     "APPNPConv": ("refused", None, "propagates k hops inside one module"),

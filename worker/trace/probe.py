@@ -65,7 +65,7 @@ def probe_edge_data(
     return {arg: columns[column] for arg, column in edge_args.items()}
 
 
-_EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim", "_dim", "_edge_feats")
+_EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim", "_dim", "_edge_feats", "edge_feat_size")
 
 
 def _in_width(module: nn.Module) -> int | None:
