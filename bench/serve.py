@@ -75,6 +75,10 @@ def parse_args() -> argparse.Namespace:
         "--configs", default="", help="comma-separated configuration names (default: all)"
     )
     p.add_argument(
+        "--near-entries", type=int, default=100_000,
+        help="cache.near_entries of the cache configurations (in-process rows before Redis)",
+    )  # fmt: skip
+    p.add_argument(
         "--layer-cache-rows", type=int, default=65_536,
         help="engine.layer_cache_rows of the layer-cache configurations",
     )  # fmt: skip
@@ -111,7 +115,12 @@ def main() -> None:
                     [harness.model_entry(MODEL, data)],
                     server=server_config(batching, port, metrics_port, workers),
                     cache=(
-                        {"backend": "redis", "redis_url": redis.url, "ttl_s": 3600}
+                        {
+                            "backend": "redis",
+                            "redis_url": redis.url,
+                            "ttl_s": 3600,
+                            "near_entries": args.near_entries,
+                        }
                         if cache
                         else None
                     ),

@@ -263,6 +263,11 @@ class CacheConfig(_Section):
     memory_max_entries: Annotated[int, Field(ge=1, le=1_000_000_000)] = 100_000
     """Capacity (rows) of the in-process LRU cache."""
 
+    near_entries: Annotated[int, Field(ge=0, le=1_000_000_000)] = 0
+    """With ``redis`` / ``redis-cluster``: an in-process LRU of this many rows in front of
+    Redis, so hot rows are answered without a round trip (same freshness rule as Redis:
+    rows carry their graph sequence). 0: off."""
+
     key_prefix: Identifier = "hopserve"
     """First component of every Redis key, to share one Redis between deployments."""
 

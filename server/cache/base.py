@@ -144,9 +144,22 @@ class EmbeddingCache(abc.ABC):
             ``(hit_mask, rows)``: bool ``[N]`` and float32 ``[N, namespace.dim]``; rows of
             misses are zero.
         """
+        mask, rows, _ = await self.lookup(namespace, node_ids, min_seq, max_seq)
+        return mask, rows
+
+    async def lookup(
+        self,
+        namespace: CacheNamespace,
+        node_ids: np.ndarray,
+        min_seq: np.ndarray | None = None,
+        max_seq: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`get_many`, and the graph sequence each hit was computed at (int64
+        ``[N]``, 0 for misses)."""
         ids = as_node_ids(node_ids)
         if ids.size == 0:
-            return np.zeros(0, dtype=bool), np.zeros((0, namespace.dim), dtype=np.float32)
+            empty = np.zeros((0, namespace.dim), dtype=np.float32)
+            return np.zeros(0, dtype=bool), empty, np.zeros(0, dtype=np.int64)
         mask, rows, seqs = await self._get(namespace, ids)
         if min_seq is not None or max_seq is not None:
             low = np.int64(-1) if min_seq is None else np.asarray(min_seq, dtype=np.int64)
@@ -157,9 +170,10 @@ class EmbeddingCache(abc.ABC):
                 self.stats.stale += int(stale.sum())
                 mask = mask & ~stale
                 rows[stale] = 0
+                seqs[stale] = 0
         hits = int(mask.sum())
         self._record_lookup(namespace, hits, ids.size - hits)
-        return mask, rows
+        return mask, rows, seqs
 
     async def put_many(
         self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray, seq: int = 0

@@ -13,6 +13,7 @@ from hopserve.server.cache.null import NullCache
 from hopserve.server.cache.redis_base import RedisBackedCache
 from hopserve.server.cache.redis_cache import RedisEmbeddingCache
 from hopserve.server.cache.redis_cluster import RedisClusterEmbeddingCache
+from hopserve.server.cache.tiered import TieredCache
 
 __all__ = ["make_cache", "read_integrity_key"]
 
@@ -62,10 +63,10 @@ async def make_cache(
     reason = await cache.check()
     if reason is None:
         logger.info("embedding cache: %s at %s (ttl %ds)", cache.label, cache.where, config.ttl_s)
-        return cache
+        return _with_near_tier(cache, config, observer)
     if config.backend in ("redis", "redis-cluster"):
         cache.mark_unavailable(f"no answer at start-up: {reason}")
-        return cache
+        return _with_near_tier(cache, config, observer)
     await cache.close()
     return _memory(config, observer, f"cache.backend=auto and Redis at {cache.url}: {reason}")
 
@@ -90,6 +91,18 @@ def read_integrity_key(path: Path | None) -> bytes | None:
             f"random secret of at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)"
         )
     return secret
+
+
+def _with_near_tier(
+    cache: RedisBackedCache, config: CacheConfig, observer: CacheObserver | None
+) -> EmbeddingCache:
+    """``cache`` behind an in-process near tier of ``cache.near_entries`` rows, if any."""
+    if not config.near_entries:
+        return cache
+    logger.info("embedding cache: near tier of %d rows in this process", config.near_entries)
+    ttl = config.ttl_s or None
+    near = MemoryEmbeddingCache(config.near_entries, ttl_s=ttl, observer=observer)
+    return TieredCache(near, cache)
 
 
 def _memory(config: CacheConfig, observer: CacheObserver | None, why: str) -> MemoryEmbeddingCache:

@@ -1,0 +1,82 @@
+"""A near tier in front of Redis: hot rows answered from the front-end's memory.
+
+``cache.near_entries: N`` puts an in-process LRU of ``N`` rows
+(:class:`~.memory.MemoryEmbeddingCache`) in front of the shared Redis cache::
+
+    get_many:  near tier ──(valid rows)──▶ answer
+                   │ the rest
+                   ▼
+               Redis (one MGET) ──(hits)──▶ answer, and copied into the near tier
+    put_many:  near tier, then Redis
+
+Both tiers keep the graph sequence each row was computed at, and the same rule decides a
+hit in both (a row older than its node's last possible change, or claiming a later
+sequence, is a miss; :meth:`~.base.EmbeddingCache.get_many`), so the near tier is exactly
+as fresh as Redis: a stale near row is never served and never hides a fresh Redis row.
+Lookups and hits are counted per tier (``backend="memory"`` and ``"redis"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hopserve.server.cache.base import CacheNamespace, EmbeddingCache
+from hopserve.server.cache.codec import as_node_ids
+from hopserve.server.cache.memory import MemoryEmbeddingCache
+
+__all__ = ["TieredCache"]
+
+
+class TieredCache(EmbeddingCache):
+    """``near`` (this process) in front of ``far`` (shared); see the module docstring."""
+
+    def __init__(self, near: MemoryEmbeddingCache, far: EmbeddingCache) -> None:
+        super().__init__()
+        self.near, self.far = near, far
+        self.name = far.name  # the shared backend names the cache in logs and labels
+
+    def __repr__(self) -> str:
+        return f"TieredCache(near={self.near!r}, far={self.far!r})"
+
+    def __getattr__(self, attr: str):  # noqa: ANN204 - the far tier's extras (label, url, …)
+        if attr in ("near", "far"):  # not set yet
+            raise AttributeError(attr)
+        return getattr(self.far, attr)
+
+    async def get_many(
+        self,
+        namespace: CacheNamespace,
+        node_ids: np.ndarray,
+        min_seq: np.ndarray | None = None,
+        max_seq: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        ids = as_node_ids(node_ids)
+        mask, rows = await self.near.get_many(namespace, ids, min_seq, max_seq)
+        rest = ~mask
+        if rest.any():
+            low = None if min_seq is None else np.asarray(min_seq, dtype=np.int64)[rest]
+            far_ids = ids[rest]
+            far_mask, far_rows, far_seqs = await self.far.lookup(namespace, far_ids, low, max_seq)
+            mask[rest], rows[rest] = far_mask, far_rows
+            if far_mask.any():  # promote: the next lookup of these stays in-process
+                for seq in np.unique(far_seqs[far_mask]).tolist():
+                    take = far_mask & (far_seqs == seq)
+                    await self.near.put_many(namespace, far_ids[take], far_rows[take], seq)
+        self.stats.hits, self.stats.misses = self.near.hits, self.near.misses
+        return mask, rows
+
+    async def put_many(
+        self, namespace: CacheNamespace, node_ids: np.ndarray, rows: np.ndarray, seq: int = 0
+    ) -> None:
+        await self.near.put_many(namespace, node_ids, rows, seq)
+        await self.far.put_many(namespace, node_ids, rows, seq)
+
+    async def _get(self, namespace, ids):  # noqa: ANN001, ANN202 - get_many is overridden
+        raise NotImplementedError
+
+    async def _put(self, namespace, ids, rows, seq):  # noqa: ANN001, ANN202 - likewise
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        await self.near.close()
+        await self.far.close()
