@@ -14,7 +14,7 @@ import torch
 from torch import fx, nn
 
 from hopserve.worker.convs.base import EdgeInput, UnsupportedConvError, fresh_conv_caches
-from hopserve.worker.convs.registry import adapter_for
+from hopserve.worker.convs.registry import NODEWISE_ADVICE, adapter_for
 from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
 from hopserve.worker.trace.probe import (
     FeatureWidthError,
@@ -114,8 +114,8 @@ def _bind_edge_inputs(
         if inputs and not adapter.accepts_edge_data:
             raise ModelTraceError(
                 f"conv '{qual}' ({type(traced.gm.get_submodule(qual)).__name__}) is called "
-                f"with edge data '{inputs[0].arg}', which hopserve cannot pass to it yet. "
-                f"{NODEWISE_ADVICE_EDGE}"
+                f"with edge data '{inputs[0].arg}', which hopserve cannot pass to it layer "
+                f"by layer yet (docs/support_matrix.md). {NODEWISE_ADVICE}."
             )
         try:
             adapter.set_edge_inputs(inputs, traced.edge_args, model_name)
@@ -130,11 +130,6 @@ def _bind_edge_inputs(
     for adapter in adapters.values():
         adapter.edge_feature_dim = edge_dim
     return edge_dim
-
-
-NODEWISE_ADVICE_EDGE = (
-    "Serve a model whose convs take edge data hopserve supports (docs/support_matrix.md)"
-)
 
 
 def _conv_adapters(
