@@ -335,7 +335,9 @@ def build_csc(
         raise ValueError(
             f"{'/'.join(which)} cannot be combined with edge weights or edge features: "
             "added edges would have no edge data and dedup would merge differing rows; "
-            "add the reverse edges / self-loops with their edge data to the input instead"
+            "add the reverse edges / self-loops with their edge data to the input instead, "
+            "or leave the edge data out (GraphStore.from_pyg(..., edge_data=False); "
+            "from_dgl(..., edge_weight_key=None, edge_feature_key=None))"
         )
     src, dst = validate_edges(src, dst, num_nodes)
     n = int(num_nodes)
