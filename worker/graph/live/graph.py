@@ -559,6 +559,9 @@ class LiveGraph:
                     feats = self._features if self._features is not None else self._base().features
                     features = feats[: snap.num_nodes].numpy().copy()
             if snap.seq == self.base_seq:  # folded already (maybe by a run a crash cut)
+                with self._mutex:  # a crash between BASE and the log's rewrite kept them
+                    if len(self.log):
+                        self.log.rewrite(after=snap.seq)
                 self._remove_stray_bases(keep=self.base_dir)
                 return snap.seq
             if features is None:  # a process that keeps none (the front-end): base + log

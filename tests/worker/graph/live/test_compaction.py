@@ -300,3 +300,26 @@ def test_a_process_without_features_compacts_exactly(graph: Path, pristine: Path
     apply_stream(front, 15)
     worker.catch_up()
     assert_same(live_state(worker), expected.at(15), "and after it")
+
+
+def test_a_crash_between_base_and_log_rewrite_is_trimmed_by_the_next_compaction(
+    graph: Path,
+) -> None:
+    """Killed after ``BASE`` moved but before the log was rewritten: the log still holds
+    the folded batches. The next compaction finds the base current and must trim them
+    (else every update would start an auto-compaction that finds nothing to do)."""
+    live = LiveGraph(graph, with_features=True)
+    apply_stream(live, 5)
+    log_path = graph / UPDATES_DIR / "log"
+    before = log_path.read_bytes()
+    assert live.compact() == 5
+    live.log.close()
+    log_path.write_bytes(before)  # the rewrite never happened
+    reopened = LiveGraph(graph, with_features=True)
+    assert reopened.info()["base_seq"] == 5 and reopened.info()["log_batches"] == 5
+    assert reopened.compact() == 5
+    assert reopened.info()["log_batches"] == 0
+    assert base_dirs(graph) == [f"base-{5:012d}"]
+    again = LiveGraph(graph, with_features=True)
+    assert again.seq == 5 and again.info()["log_batches"] == 0
+    assert_same(live_state(again), live_state(reopened), "after the trim")
