@@ -66,6 +66,7 @@ class Case:
     history: bool = False
     edge: str = ""
     edge_dim: int = 3  # width of the edge features when ``edge`` takes them
+    first_output: bool = False  # the conv returns a tuple: the model uses its node rows [0]
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,13 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     "DotGatConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
     "EdgeConv": (Case(_c()),),
     "EdgeGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), num_heads=2), edge="edge_feat"),),
-    "EGATConv": (Case(lambda cls, i, o: cls(i, 3, _heads(o), 3, num_heads=2)),),
+    "EGATConv": (
+        Case(
+            lambda cls, i, o: cls(i, 3, _heads(o), 3, num_heads=2),
+            edge="efeats",
+            first_output=True,
+        ),
+    ),
     "EGNNConv": (Case(lambda cls, i, o: cls(i, 8, o)),),
     "GATConv": (
         Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),
@@ -438,15 +445,22 @@ class DGLWeightedTwoConvs(nn.Module):
 
 
 class DGLEdgeFeatTwoConvs(nn.Module):
-    """``conv2(g, relu(conv1(g, inp(x), e)), e)`` with the graph's edge features, DGL style."""
+    """``conv2(g, relu(conv1(g, inp(x), e)), e)`` with the graph's edge features, DGL style;
+    ``first``: the convs return ``(node rows, edge rows)`` and the model uses the first."""
 
-    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+    def __init__(
+        self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str, first: bool = False
+    ) -> None:
         super().__init__()
         self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+        self.first = first
+
+    def _rows(self, out):
+        return (out[0] if self.first else out).flatten(1)
 
     def forward(self, g, x, efeat):
-        h = self.conv1(g, self.inp(x), **{self.param: efeat}).flatten(1).relu()
-        return self.conv2(g, h, **{self.param: efeat}).flatten(1)
+        h = self._rows(self.conv1(g, self.inp(x), **{self.param: efeat})).relu()
+        return self._rows(self.conv2(g, h, **{self.param: efeat}))
 
 
 class DGLTwoConvs(nn.Module):
@@ -471,10 +485,11 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
     if case.edge:
         weighted = case.edge == "edge_weight"
+        if library == "dgl" and not weighted:
+            return DGLEdgeFeatTwoConvs(conv1, conv2, inp, case.edge, case.first_output).eval()
         if library == "dgl":
-            edge_model = DGLWeightedTwoConvs if weighted else DGLEdgeFeatTwoConvs
-        else:
-            edge_model = PyGWeightedTwoConvs if weighted else PyGEdgeAttrTwoConvs
+            return DGLWeightedTwoConvs(conv1, conv2, inp, case.edge).eval()
+        edge_model = PyGWeightedTwoConvs if weighted else PyGEdgeAttrTwoConvs
         return edge_model(conv1, conv2, inp, case.edge).eval()
     wrapper = PyGHistory if case.history else PyGTwoConvs
     if library == "dgl":

@@ -33,14 +33,17 @@ class Weighted(nn.Module):
 
 
 class EdgeFeat(nn.Module):
-    def __init__(self, conv1: nn.Module, conv2: nn.Module, param: str, inp=None) -> None:
+    def __init__(self, conv1, conv2, param: str, inp=None, first: bool = False) -> None:
         super().__init__()
-        self.conv1, self.conv2, self.param = conv1, conv2, param
+        self.conv1, self.conv2, self.param, self.first = conv1, conv2, param, first
         self.inp = inp or nn.Identity()
 
+    def _rows(self, out):
+        return (out[0] if self.first else out).flatten(1)
+
     def forward(self, g, x, efeat):
-        h = self.conv1(g, self.inp(x), **{self.param: efeat}).flatten(1).relu()
-        return self.conv2(g, h, **{self.param: efeat}).flatten(1)
+        h = self._rows(self.conv1(g, self.inp(x), **{self.param: efeat})).relu()
+        return self._rows(self.conv2(g, h, **{self.param: efeat}))
 
 
 FAMILIES = {
@@ -71,6 +74,12 @@ FAMILIES = {
     ),
     "cfconv": lambda: EdgeFeat(
         dglnn.CFConv(D_IN, D_E, 8, 8), dglnn.CFConv(8, D_E, 8, 4), "edge_feats"
+    ),
+    "egat": lambda: EdgeFeat(
+        dglnn.EGATConv(D_IN, D_E, 4, 5, num_heads=2),
+        dglnn.EGATConv(8, D_E, 4, 2, num_heads=1),
+        "efeats",
+        first=True,
     ),
     "pna": lambda: EdgeFeat(
         dglnn.PNAConv(
@@ -130,6 +139,27 @@ def test_dgl_medium_graph_and_weights_matter(family):
     assert ev.last_stats.batches > ev.num_layers
     other = _case(family, ei, x, torch.ones_like(w), torch.zeros_like(ea))[1]
     assert (got - other).abs().max() > 1e-2  # the edge data changes the answer
+
+
+def test_dgl_egat_edge_output_feeding_a_conv_is_refused():
+    """EGATConv's new edge features are per-edge values: a model that passes them on to the
+    next conv cannot be split by layer (refused, node-wise fallback advised)."""
+
+    class Chained(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = dglnn.EGATConv(D_IN, D_E, 4, D_E, num_heads=1)
+            self.conv2 = dglnn.EGATConv(4, D_E, 4, D_E, num_heads=1)
+
+        def forward(self, g, x, efeat):
+            out = self.conv1(g, x, efeat)
+            h, e = out[0].flatten(1), out[1].flatten(1)
+            return self.conv2(g, h, e)[0].flatten(1)
+
+    ei, x, w, ea = _graph(20, 60, 6)
+    store = GraphStore.from_edge_index(ei, x, edge_attr=ea)
+    with pytest.raises(ModelTraceError, match="conv2"):
+        LayerwiseEvaluator(Chained().eval(), store)
 
 
 def test_dgl_model_refused_without_the_column():

@@ -248,24 +248,40 @@ def aggregate_first(conv: nn.Module) -> nn.Module:
     return conv
 
 
+_ALWAYS_NONZERO = {"EGATConv"}  # raise on zero-in-degree nodes, with no flag to allow them
+
+
+def refuses_zero_in_degree(module: nn.Module) -> bool:
+    """Whether a DGL module raises on nodes without in-edges (``allow_zero_in_degree=False``,
+    or a conv that always does, like ``EGATConv``)."""
+    if getattr(module, "_allow_zero_in_degree", True) is False:
+        return True
+    return type(module).__module__.startswith("dgl.nn.") and bool(
+        _class_names(module) & _ALWAYS_NONZERO
+    )
+
+
 def check_zero_in_degree(conv: nn.Module, graph, qualname: str = "") -> None:
     """Refuse, as the conv's own forward would, a graph with zero-in-degree nodes.
 
     Raises:
-        ModelTraceError: the conv has ``allow_zero_in_degree=False`` and some node of
-            ``graph`` (a GraphStore) has no in-edge (a load-time refusal, like the others).
+        ModelTraceError: the conv has ``allow_zero_in_degree=False`` (or always refuses
+            them) and some node of ``graph`` (a GraphStore) has no in-edge (a load-time
+            refusal, like the others).
     """
     from hopserve.worker.trace.tracer import ModelTraceError
 
-    if getattr(conv, "_allow_zero_in_degree", True):
+    if not refuses_zero_in_degree(conv):
         return
     zero = (graph.in_degrees == 0).nonzero().squeeze(1)
     if zero.numel() == 0:
         return
     ids = graph.to_external(zero[:5]).tolist()
     name = f"'{qualname}' " if qualname else ""
+    flagged = getattr(conv, "_allow_zero_in_degree", True) is False
+    why = "has allow_zero_in_degree=False" if flagged else "refuses zero-in-degree nodes"
     raise ModelTraceError(
-        f"DGL conv {name}({type(conv).__name__}) has allow_zero_in_degree=False and "
+        f"DGL conv {name}({type(conv).__name__}) {why} and "
         f"{zero.numel()} node(s) of the graph have no in-edge (node IDs {ids}...); the "
         "model's own forward raises DGLError on this graph too. Add self-loops at ingest "
         "(--self-loops / dgl.add_self_loop) or build the conv with "

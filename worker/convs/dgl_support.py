@@ -32,6 +32,13 @@ def _block(conv: nn.Module) -> ConvAdapter:
     return DGLConvAdapter(conv)
 
 
+def _block_pair(conv: nn.Module) -> ConvAdapter:
+    """A block conv fed ``(x_src, x_dst)`` (it reads source and destination rows apart)."""
+    from hopserve.worker.convs.dgl_conv import DGLConvAdapter
+
+    return DGLConvAdapter(conv, pair=True)
+
+
 def _graphconv(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_graphconv import DGLGraphConvAdapter
 
@@ -105,14 +112,15 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "EdgeGATConv": ("exact", _block, "attention with edge features over in-edges" + EDGE_DATA),
     "CFConv": ("exact", _block, "continuous filters from edge features, summed" + EDGE_DATA),
     "EGATConv": (
-        "refused",
-        None,
-        "also returns new edge features (per-edge outputs a layer-wise split cannot store)",
+        "exact",
+        _block_pair,
+        "attention with edge features; its node output (its new edge features are per-edge: "
+        "a model may not use them)" + EDGE_DATA,
     ),
     "GatedGCNConv": (
         "refused",
         None,
-        "also returns new edge features (per-edge outputs a layer-wise split cannot store)",
+        "reads graph.ndata, which a batch's bipartite block does not have (no adapter yet)",
     ),
     "AtomicConv": ("refused", None, "needs per-edge distances; the graph store has no edge data"),
     "EGNNConv": ("refused", None, "needs node coordinates and edge features"),

@@ -65,6 +65,9 @@ def probe_edge_data(
     return {arg: columns[column] for arg, column in edge_args.items()}
 
 
+_EDGE_ENCODERS = {"GINEConv": "lin", "EGATConv": "fc_fij", "GatedGCNConv": "C"}
+"""Class name -> its linear layer taking the edge features (PyG GINEConv's ``lin``: edge_dim
+-> node width; DGL EGATConv's ``fc_fij``, GatedGCNConv's ``C``)."""
 _EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim", "_dim", "_edge_feats", "edge_feat_size")
 
 
@@ -97,9 +100,9 @@ def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
             if isinstance(value, int) and value > 0:
                 width = value
                 break
-        lin = getattr(conv, "lin", None)
-        if width is None and type(conv).__name__ == "GINEConv" and isinstance(lin, nn.Module):
-            width = _in_width(lin)  # GINEConv's lin: edge_dim -> node width
+        encoder = getattr(conv, _EDGE_ENCODERS.get(type(conv).__name__, ""), None)
+        if width is None and isinstance(encoder, nn.Module):
+            width = _in_width(encoder)
         if width is None:  # an edge encoder (GENConv's lin_edge)
             width = next(
                 (
@@ -150,7 +153,9 @@ def probe_edge_index(model: nn.Module, style: str) -> tuple[Tensor, int]:
     n = int(ei.max()) + 5
     if style != "dgl":
         return ei, n
-    if any(getattr(m, "_allow_zero_in_degree", True) is False for m in model.modules()):
+    from hopserve.worker.convs.dgl_conv import refuses_zero_in_degree
+
+    if any(refuses_zero_in_degree(m) for m in model.modules()):
         lonely = torch.ones(n, dtype=torch.bool)
         lonely[ei[1]] = False
         loops = lonely.nonzero().squeeze(1)
