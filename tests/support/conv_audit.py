@@ -311,7 +311,7 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
         Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),
         Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2), "edge_weight", edge="edge_weight"),
     ),
-    "GatedGCNConv": (Case(lambda cls, i, o: cls(i, 3, o)),),
+    "GatedGCNConv": (Case(lambda cls, i, o: cls(i, 3, o), edge="edge_feat", first_output=True),),
     "GatedGraphConv": (Case(lambda cls, i, o: cls(i, i, n_steps=2, n_etypes=1), same_width=True),),
     "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
     "GCN2Conv": (Case(lambda cls, i, o: cls(i, layer=1), same_width=True),),

@@ -81,6 +81,12 @@ FAMILIES = {
         "efeats",
         first=True,
     ),
+    "gatedgcn": lambda: EdgeFeat(
+        dglnn.GatedGCNConv(D_IN, D_E, 8),
+        dglnn.GatedGCNConv(8, D_E, 4, batch_norm=False),
+        "edge_feat",
+        first=True,
+    ),  # fmt: skip
     "pna": lambda: EdgeFeat(
         dglnn.PNAConv(
             D_IN, 8, ["mean", "max"], ["identity", "amplification"], 1.5, edge_feat_size=D_E
@@ -139,6 +145,34 @@ def test_dgl_medium_graph_and_weights_matter(family):
     assert ev.last_stats.batches > ev.num_layers
     other = _case(family, ei, x, torch.ones_like(w), torch.zeros_like(ea))[1]
     assert (got - other).abs().max() > 1e-2  # the edge data changes the answer
+
+
+def test_dgl_square_graph_batches_without_edges(monkeypatch):
+    """GatedGCNConv (square batch graph) on a graph with isolated nodes and batches of 2
+    nodes: batches without any edge get zeros, as the full graph gives those nodes."""
+    ei = random_edge_index(30, 12, seed=8)  # sparse: many nodes without in-edges
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(30, D_IN, generator=gen)
+    ea = torch.randn(ei.shape[1], D_E, generator=gen)
+    torch.manual_seed(0)
+    model = FAMILIES["gatedgcn"]().eval()
+    with torch.no_grad():
+        want = model(dgl.graph((ei[0], ei[1]), num_nodes=30), x, ea)
+    store = GraphStore.from_edge_index(ei, x, edge_attr=ea, reorder=None)
+    from hopserve.worker.convs.dgl_square import DGLSquareAdapter
+
+    edgeless, run = [], DGLSquareAdapter.run
+
+    def counting(self, x, batch):
+        edgeless.append(batch.num_edges == 0)
+        return run(self, x, batch)
+
+    monkeypatch.setattr(DGLSquareAdapter, "run", counting)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=1, progress=False)
+    assert_exact(ev.evaluate(), want, "GatedGCNConv full, edgeless batches")
+    assert any(edgeless), "no batch without edges: the case is not covered"
+    targets = torch.tensor([29, 0, 3, 3])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "GatedGCNConv partial")
 
 
 def test_dgl_egat_edge_output_feeding_a_conv_is_refused():

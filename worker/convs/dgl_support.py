@@ -39,6 +39,12 @@ def _block_pair(conv: nn.Module) -> ConvAdapter:
     return DGLConvAdapter(conv, pair=True)
 
 
+def _square(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_square import DGLSquareAdapter
+
+    return DGLSquareAdapter(conv)
+
+
 def _graphconv(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_graphconv import DGLGraphConvAdapter
 
@@ -118,9 +124,10 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "a model may not use them)" + EDGE_DATA,
     ),
     "GatedGCNConv": (
-        "refused",
-        None,
-        "reads graph.ndata, which a batch's bipartite block does not have (no adapter yet)",
+        "exact",
+        _square,
+        "gated sum over in-edges on the batch's square graph (it reads graph.ndata); its "
+        "node output" + EDGE_DATA,
     ),
     "AtomicConv": ("refused", None, "needs per-edge distances; the graph store has no edge data"),
     "EGNNConv": ("refused", None, "needs node coordinates and edge features"),
