@@ -285,6 +285,8 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
                 rbf_kernel_scaling=torch.tensor([1.0, 1.0]),
             ),
             same_width=True,
+            edge="distances",
+            edge_dim=1,
         ),
     ),
     "CFConv": (Case(lambda cls, i, o: cls(i, 3, 8, o), edge="edge_feats"),),

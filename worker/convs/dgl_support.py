@@ -129,12 +129,18 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "gated sum over in-edges on the batch's square graph (it reads graph.ndata); its "
         "node output" + EDGE_DATA,
     ),
-    "AtomicConv": ("refused", None, "needs per-edge distances; the graph store has no edge data"),
+    "AtomicConv": (
+        "exact",
+        _square,
+        "radial pooling of each in-edge's distance (edge features of width 1), summed; "
+        "square batch graph (it reads graph.ndata)" + EDGE_DATA,
+    ),
     "EGNNConv": ("refused", None, "needs node coordinates and edge features"),
     "EdgeWeightNorm": (
         "refused",
         None,
-        "normalizes edge weights (not a conv on node features); no edge data yet",
+        "normalizes edge weights by whole-graph degrees and returns per-edge values (not a "
+        "conv on node features)",
     ),
     "DGNConv": (
         "refused",

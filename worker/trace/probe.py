@@ -68,6 +68,7 @@ def probe_edge_data(
 _EDGE_ENCODERS = {"GINEConv": "lin", "EGATConv": "fc_fij", "GatedGCNConv": "C"}
 """Class name -> its linear layer taking the edge features (PyG GINEConv's ``lin``: edge_dim
 -> node width; DGL EGATConv's ``fc_fij``, GatedGCNConv's ``C``)."""
+_FIXED_EDGE_WIDTH = {"AtomicConv": 1}  # DGL AtomicConv: one distance per edge
 _EDGE_WIDTH_ATTRS = ("edge_dim", "in_edge_channels", "dim", "_dim", "_edge_feats", "edge_feat_size")
 
 
@@ -100,6 +101,7 @@ def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
             if isinstance(value, int) and value > 0:
                 width = value
                 break
+        width = width or _FIXED_EDGE_WIDTH.get(type(conv).__name__)
         encoder = getattr(conv, _EDGE_ENCODERS.get(type(conv).__name__, ""), None)
         if width is None and isinstance(encoder, nn.Module):
             width = _in_width(encoder)
