@@ -40,6 +40,7 @@ __all__ = [
     "BuildStats",
     "MAX_NODES",
     "missing_reverse_keys",
+    "mirrored_reverse_edges",
     "normalize_reorder",
     "validate_edges",
     "validate_labels",
@@ -276,6 +277,40 @@ def missing_reverse_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np
     return keys
 
 
+def mirrored_reverse_edges(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reverse edges symmetrize adds and the input edge each one mirrors.
+
+    The same edges as :func:`missing_reverse_keys` (``max(A, A^T)``): for a pair with
+    ``c(u, v) > c(v, u)`` copies, the ``u -> v`` edges beyond the first ``c(v, u)`` (in input
+    order) each get a reverse ``v -> u``, which takes that edge's weight and features.
+
+    Returns:
+        ``(keys dst * N + src of the added edges, index of the input edge each mirrors)``,
+        both int64, in input order of the mirrored edges.
+    """
+    n = int(num_nodes)
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    idx = np.flatnonzero(src != dst)  # self-loops are never mirrored
+    s, d = src[idx], dst[idx]
+    up = (s < d).astype(np.int64)
+    group = (np.minimum(s, d) * n + np.maximum(s, d)) * 2 + up  # (pair, direction)
+    order = np.argsort(group, kind="stable")  # input order within a group
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if g.size else np.zeros(0, np.int64)
+    counts = np.diff(np.r_[starts, g.size])
+    rank = np.arange(g.size) - np.repeat(starts, counts)
+    heads = g[starts]
+    partner = heads ^ 1  # the other direction of the same pair
+    at = np.searchsorted(heads, partner)
+    found = (at < heads.size) & (heads[np.minimum(at, heads.size - 1)] == partner)
+    partner_count = np.where(found, counts[np.minimum(at, heads.size - 1)], 0)
+    mirror = rank >= np.repeat(partner_count, counts)
+    mirrored = np.sort(idx[order[mirror]])
+    return src[mirrored] * n + dst[mirrored], mirrored
+
+
 def _merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Merge two sorted int64 arrays (a stable sort merges the two runs in linear time)."""
     if b.size == 0:
@@ -311,9 +346,10 @@ def build_csc(
         reorder: ``"rcmk"`` or ``None``/``"none"`` (identity).
         progress: show a progress bar (stderr TTY only).
         track_edges: record :attr:`CSC.edge_order` (input edge of each stored edge), for
-            graphs with edge weights or features. Not with ``symmetrize``,
-            ``add_self_loops`` or ``dedup``: the edges they add would have no edge data
-            and ``dedup`` would have to merge differing edge rows.
+            graphs with edge weights or features; with ``symmetrize`` an added reverse
+            edge is the input edge it mirrors (:func:`mirrored_reverse_edges`), so it gets
+            that edge's data. Not with ``add_self_loops`` or ``dedup``: added loops would
+            have no edge data and ``dedup`` would have to merge differing edge rows.
 
     Returns:
         The CSC, with :class:`BuildStats` of what each transform added or removed.
@@ -322,20 +358,12 @@ def build_csc(
         ValueError: bad edges (see :func:`validate_edges`) or options.
     """
     ordering = normalize_reorder(reorder)
-    if track_edges and (symmetrize or add_self_loops or dedup):
-        which = [
-            name
-            for name, on in (
-                ("symmetrize", symmetrize),
-                ("self-loops", add_self_loops),
-                ("dedup", dedup),
-            )
-            if on
-        ]
+    if track_edges and (add_self_loops or dedup):
+        which = [name for name, on in (("self-loops", add_self_loops), ("dedup", dedup)) if on]
         raise ValueError(
             f"{'/'.join(which)} cannot be combined with edge weights or edge features: "
-            "added edges would have no edge data and dedup would merge differing rows; "
-            "add the reverse edges / self-loops with their edge data to the input instead, "
+            "added self-loops would have no edge data and dedup would merge differing rows; "
+            "add the self-loops with their edge data to the input instead, "
             "or leave the edge data out (GraphStore.from_pyg(..., edge_data=False); "
             "from_dgl(..., edge_weight_key=None, edge_feature_key=None))"
         )
@@ -359,13 +387,23 @@ def build_csc(
             has_loop[src[src == dst]] = True
             missing = np.flatnonzero(~has_loop) * (n + 1)  # ascending keys of (v, v)
             del has_loop
-        rev = missing_reverse_keys(src, dst, n) if symmetrize else None
+        origin = None
+        if symmetrize and track_edges:  # the reverse edges copy the data of their mirror
+            rev, mirrored = mirrored_reverse_edges(src, dst, n)
+            keys = np.concatenate([keys, rev])
+            origin = np.concatenate([np.arange(e_in, dtype=np.int64), mirrored])
+            n_rev, rev = int(rev.size), None
+            log.info("symmetrize: added %d reverse edges to %d input edges", n_rev, e_in)
+        else:
+            rev = missing_reverse_keys(src, dst, n) if symmetrize else None
         del src, dst
         bar.update()
         edge_order = None
-        if track_edges:
+        if track_edges:  # stable: input edges before the reverse edges of equal key
             edge_order = np.argsort(keys, kind="stable")
             keys = keys[edge_order]
+            if origin is not None:
+                edge_order = origin[edge_order]
         else:
             keys.sort()
         if rev is not None:

@@ -247,10 +247,11 @@ def contents_from_csc(
         order = csc.edge_order
         if order is None:
             raise ValueError("edge data needs a CSC built with track_edges=True")
+        given = csc.stats.input_edges  # symmetrize's reverse edges reuse their mirror's rows
         if edge_weight is not None:
-            edge_weight = validate_edge_weight(edge_weight, order.size)[order]
+            edge_weight = validate_edge_weight(edge_weight, given)[order]
         if edge_features is not None:
-            edge_features = validate_edge_features(edge_features, order.size)[order]
+            edge_features = validate_edge_features(edge_features, given)[order]
     return StoreContents(
         indptr=csc.indptr,
         indices=csc.indices,

@@ -128,7 +128,8 @@ def ingest_with_stats(
     ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
     ``edge_data`` says what the edge file's columns after ``src, dst`` hold: ``"weight"``
     (the third is the weight, further ones edge features) or ``"features"``; an edge file
-    with edge data cannot be combined with ``symmetrize``, ``add_self_loops`` or ``dedup``.
+    with edge data cannot be combined with ``add_self_loops`` or ``dedup`` (``symmetrize``
+    gives each added reverse edge the data of the edge it mirrors).
 
     Returns:
         The written store (opened memory-mapped) and :class:`~.build.BuildStats`
@@ -164,20 +165,12 @@ def ingest_with_stats(
     )
     weight, edge_feats = edge_list.weight, edge_list.features
     has_edge_data = weight is not None or edge_feats is not None
-    if has_edge_data and (symmetrize or add_self_loops or dedup):
-        flags = [
-            flag
-            for flag, on in (
-                ("--symmetrize", symmetrize),
-                ("--self-loops", add_self_loops),
-                ("--dedup", dedup),
-            )
-            if on
-        ]
+    if has_edge_data and (add_self_loops or dedup):
+        flags = [flag for flag, on in (("--self-loops", add_self_loops), ("--dedup", dedup)) if on]
         raise IngestError(
             edge_list.file,
             None,
-            f"has edge data columns, which {', '.join(flags)} cannot keep (added edges "
+            f"has edge data columns, which {', '.join(flags)} cannot keep (added self-loops "
             "would have no weight or features, dedup would merge differing rows); add "
             "those edges with their data to the file instead",
         )

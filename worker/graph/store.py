@@ -202,8 +202,9 @@ class GraphStore:
         ``edge_weight`` ``[E]`` and ``edge_attr`` ``[E, d_e]`` (column ``e`` of
         ``edge_index`` owns row ``e``; a ``[E, 1]`` weight is flattened, a ``[E]`` ``edge_attr``
         is one feature per edge, ``[E, 1]``) are stored as
-        float32 :attr:`edge_weight` / :attr:`edge_features` in CSC order; they rule out
-        ``symmetrize``, ``add_self_loops`` and ``dedup``.
+        float32 :attr:`edge_weight` / :attr:`edge_features` in CSC order; ``symmetrize``
+        gives each reverse edge it adds its mirror's rows; they rule out ``add_self_loops``
+        and ``dedup``.
 
         Raises:
             ValueError: bad shapes, dtypes, out-of-range endpoints, duplicate ``node_ids``,

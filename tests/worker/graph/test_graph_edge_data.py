@@ -112,11 +112,31 @@ def test_edge_file_missing_or_wrong_shape_is_refused(tmp_path):
         GraphStore.open(tmp_path / "g")
 
 
-@pytest.mark.parametrize("option", ["symmetrize", "add_self_loops", "dedup"])
+@pytest.mark.parametrize("option", ["add_self_loops", "dedup"])
 def test_transforms_that_invent_or_merge_edges_are_refused(option):
     ei, x, w, _ = _graph(4)
     with pytest.raises(ValueError, match="cannot be combined with edge weights"):
         GraphStore.from_edge_index(ei, x, edge_weight=w, **{option: True})
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), e=st.integers(0, 40))
+def test_symmetrize_copies_the_data_of_the_mirrored_edge(seed, n, e):
+    """Each added reverse edge carries its mirror's data; the structure is the one
+    symmetrize builds without edge data (max(A, A^T))."""
+    ei, x, w, ea = _graph(seed, n=n, e=e, isolated=0)
+    g = GraphStore.from_edge_index(ei, x, edge_weight=w, edge_attr=ea, symmetrize=True)
+    plain = GraphStore.from_edge_index(ei, x, symmetrize=True)
+    assert torch.equal(g.indptr, plain.indptr) and torch.equal(g.indices, plain.indices)
+    rows = _rows(ei[0], ei[1], w, ea)
+    pairs = Counter((int(s), int(d)) for s, d in ei.T.tolist())
+    for s, d in sorted(pairs):
+        if s == d or pairs[(s, d)] <= pairs[(d, s)]:
+            continue
+        at = [k for k in range(ei.shape[1]) if (int(ei[0, k]), int(ei[1, k])) == (s, d)]
+        for k in at[pairs[(d, s)] :]:  # the surplus copies, in input order
+            rows[(d, s, float(w[k]), tuple(float(v) for v in ea[k]))] += 1
+    assert _stored_rows(g) == rows
 
 
 def test_bad_edge_data_names_the_edge():

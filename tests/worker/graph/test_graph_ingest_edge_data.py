@@ -101,10 +101,14 @@ def test_bad_edge_data_names_file_row_and_value(tmp_path, features, rows, match)
     assert not (tmp_path / "g").exists()
 
 
-def test_transforms_refused_with_edge_data(tmp_path, features):
-    path = _csv(tmp_path, ["0,1,0.5", "2,1,1"])
-    with pytest.raises(IngestError, match=r"e\.csv: has edge data columns, which --symmetrize"):
-        ingest(path, features, out=tmp_path / "g", symmetrize=True, progress=False)
+def test_transforms_with_edge_data(tmp_path, features):
+    path = _csv(tmp_path, ["0,1,0.5", "2,1,1", "1,0,3"])
+    with pytest.raises(IngestError, match=r"e\.csv: has edge data columns, which --dedup"):
+        ingest(path, features, out=tmp_path / "g", dedup=True, progress=False)
+    g = ingest(path, features, out=tmp_path / "s", symmetrize=True, progress=False)
+    assert _stored(g) == Counter(
+        [(0, 1, 0.5, None), (2, 1, 1.0, None), (1, 0, 3.0, None), (1, 2, 1.0, None)]
+    )  # 2 -> 1 mirrored with its weight; 0 -> 1 and 1 -> 0 kept as given
 
 
 def test_cli_edge_data_option(tmp_path, features):
