@@ -168,6 +168,12 @@ class EdgeInput:
 
 
 _COLUMN_ATTRS = {"weight": "edge_weight", "features": "edge_features"}
+DEVICE_COLUMN_MAX_BYTES = 1 << 30
+"""Edge columns up to this size are copied to an accelerator once per graph."""
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class ConvAdapter(nn.Module):
@@ -247,11 +253,20 @@ class ConvAdapter(nn.Module):
             self._edge_key = key
 
     def edge_values(self, batch: LayerBatch) -> dict[str, Tensor]:
-        """``{conv parameter: rows of the batch's edges}`` (on the batch's device)."""
+        """``{conv parameter: rows of the batch's edges}`` (on the batch's device).
+
+        On an accelerator the column is copied there once per graph when it is small
+        (at most :data:`DEVICE_COLUMN_MAX_BYTES`); a larger one stays on the host and
+        each batch's rows are gathered there and copied over.
+        """
         out = {}
         ids = batch.edge_ids
         for inp in self.edge_inputs:
-            out[inp.param] = self._edge_column(inp.column, ids.device)[ids]
+            host = self._edge_columns[inp.column]
+            if ids.device.type != "cpu" and _nbytes(host) > DEVICE_COLUMN_MAX_BYTES:
+                out[inp.param] = host[ids.cpu()].to(ids.device, non_blocking=True)
+            else:
+                out[inp.param] = self._edge_column(inp.column, ids.device)[ids]
         return out
 
     def _edge_column(self, column: str, device: torch.device) -> Tensor:
