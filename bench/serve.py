@@ -242,22 +242,27 @@ def _reused(r: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
-    """Throughput bars and p50/p99 latency per configuration."""
+    """Throughput bars and p50/p99 latency per configuration (one row each)."""
     plt = harness.pyplot()
-    names = list(results)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    a.bar(names, [results[n]["qps"] for n in names], color="#2b7bba")
-    a.set_ylabel("requests / s")
+    names = list(results)[::-1]  # first configuration on top
+    y = list(range(len(names)))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 1.4), sharey=True)
+    a.barh(y, [results[n]["qps"] for n in names], color="#2b7bba")
+    a.set_yticks(y, names)
+    a.set_xlabel("requests / s")
     a.set_title("throughput (concurrency 32)")
     for key, color in (("p50_ms", "#74a9cf"), ("p99_ms", "#d95f02")):
         label = key.replace("_ms", "")
-        b.plot(names, [results[n][key] for n in names], marker="o", color=color, label=label)
-    b.set_ylabel("ms")
-    b.set_yscale("log")
+        b.scatter([results[n][key] for n in names], y, color=color, label=label, zorder=3)
+    b.set_xlabel("ms")
+    b.set_xscale("log")
+    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= 2 * max(
+        results[n]["p99_ms"] for n in names)]  # fmt: skip
+    b.set_xticks(ticks, [str(t) for t in ticks])
+    b.xaxis.set_minor_formatter(plt.NullFormatter())
     b.set_title("latency")
+    b.grid(axis="x", alpha=0.3)
     b.legend()
-    for ax in (a, b):
-        ax.tick_params(axis="x", rotation=30)
     harness.save_figure(fig, path)
 
 
