@@ -577,6 +577,8 @@ class LiveGraph:
                 labels=None,
                 ordering=snap.meta.ordering,
                 flags=snap.meta.flags,
+                edge_weight=snap.edge_weight,  # CSC order, as the snapshot keeps them
+                edge_features=snap.edge_features,
             )
             write_contents(target, contents, overwrite=True, progress=progress)
             info = {"dir": name, "seq": snap.seq}
