@@ -394,15 +394,15 @@ class Worker(abc.ABC):
             if entry.graph is not graph:  # the graph moved on: evaluate on this one
                 entry.graph = entry.evaluator.graph = graph
             t0 = time.perf_counter()
-            cache = entry.layer_cache
-            plan = reuse = None
-            if job.frontiers is not None or cache is None:  # what was sent is checked
-                plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+            # A job that carries frontiers runs on them as sent (checked); one without is
+            # planned here, around the layer cache's rows when the model keeps one.
+            cache = entry.layer_cache if job.frontiers is None else None
             planned = None if cache is None else cache.plan(job, graph, targets, entry.live)
             if planned is not None:  # frontiers stop at cached hub rows
                 plan, reuse = planned
-            elif plan is None:
+            else:
                 plan = plan_job(job, entry.evaluator, targets, verify=self.verify_frontiers)
+                reuse = None
             checked_s = time.perf_counter() - t0
             out = self._evaluate(job, entry, plan, targets, reuse)
             stats = entry.evaluator.last_stats

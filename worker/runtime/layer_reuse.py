@@ -10,8 +10,9 @@ Per exact job (no sampling, no cold-start delta) on a layer-wise model::
       ├─ planner(reusable=…)         frontiers stop at them
       └─ LayerReuse                  their rows + a hook keeping the hub rows computed
 
-The front-end's frontiers are replaced by the worker's when the cache holds a valid row
-(the front-end cannot know which rows a worker holds).
+Only jobs without frontiers use it: the front-end sends none to a worker that reports a
+layer cache (it cannot know which rows the worker holds), and a job that carries
+frontiers runs on them as sent.
 """
 
 from __future__ import annotations

@@ -124,3 +124,28 @@ def test_layer_cache_off(graph_dir):
         )
     finally:
         worker.close()
+
+
+def test_a_job_that_carries_frontiers_runs_on_them(graph_dir):
+    """Frontiers sent with a job are checked and used as sent; only jobs without any are
+    planned around the cache (the front-end sends none to a worker with a layer cache)."""
+    model = build("sage_mean", DIM, seed=5)
+    live = open_live(graph_dir, with_features=True)
+    worker = make_worker("cpu", worker_id="reuse")
+    try:
+        with live.reading():
+            store = live.store()
+        entry = worker.add_model("m", "1", model, store, EngineConfig(layer_cache_rows=N))
+        entry.live = live
+        assert entry.status().layer_cache_rows == N
+        targets = np.arange(6)
+        worker.execute(_job(live, entry, targets, 0))  # warms the cache
+        warm = worker.execute(_job(live, entry, targets, 1))
+        assert sum(s.reused_rows for s in warm.stats.layers) > 0
+        plan = entry.evaluator.plan(torch.from_numpy(targets))
+        sent = worker.execute(_job(live, entry, targets, 2, frontiers=plan.frontiers))
+        assert sum(s.reused_rows for s in sent.stats.layers) == 0
+        assert sent.stats.frontier_sizes == plan.sizes(store.num_nodes)
+        np.testing.assert_allclose(sent.embeddings, warm.embeddings, rtol=1e-5, atol=1e-6)
+    finally:
+        worker.close()
