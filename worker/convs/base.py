@@ -289,6 +289,13 @@ class ConvAdapter(nn.Module):
         """Whether :meth:`run` accepts the whole node table as source rows (no gather)."""
         return False
 
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        """Whether :attr:`supports_global_src` holds for full layers only (every node a
+        destination): the adapter derives a whole-table tensor once per layer, which a
+        partial frontier must not pay for."""
+        return False
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Bytes per in-edge this conv allocates on a batch (CPU memory accounting).
 

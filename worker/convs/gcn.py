@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch, Sampling, UnsupportedConvError
+from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
 from hopserve.worker.graph.planner import sample_in_edges, sampled_in_degrees
 
 # Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
@@ -93,6 +94,7 @@ class GCNAdapter(ConvAdapter):
         self._sample_lock = threading.Lock()
         self._device_weights: dict[tuple[str, str], Tensor] = {}  # per graph, see prepare
         self._weight: Tensor | None = None  # float32 [E] the graph's edge weights (if used)
+        self._tables = LayerTableCache()  # x Θ of a full layer, while it runs
 
     def set_edge_inputs(self, inputs, model_edge_args, model_name, edge_feature_dim=None):  # noqa: ANN001
         for inp in inputs:
@@ -365,7 +367,17 @@ class GCNAdapter(ConvAdapter):
         # SpMM over a re-built CSR: indices, weights and the sort permutation per edge.
         return 40
 
+    @property
+    def supports_global_src(self) -> bool:
+        return type(self.conv).forward is _GCN_FORWARD  # the steps _run_full_layer repeats
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        return True
+
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        if full_layer(batch):
+            return self._run_full_layer(x, batch)
         adj = self._adjacency(batch, x.dtype)
         conv = self.conv
         with self._lock:
@@ -375,6 +387,29 @@ class GCNAdapter(ConvAdapter):
                 return conv(x, adj)
             finally:
                 conv.normalize = saved
+
+    def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        """A full layer read in place: ``x Θ`` once per layer (what ``GCNConv.forward``
+        does first, on the same rows), then per batch the normalized SpMM and the bias."""
+        from torch_geometric.utils import spmm
+
+        conv = self.conv
+        weight = conv.lin.weight
+        key = (batch.layer, id(weight), weight._version)
+        table = self._tables.get(x, key, batch, lambda: conv.lin(x))
+        out = spmm(self._adjacency(batch, table.dtype), table, reduce=conv.aggr)
+        if conv.bias is not None:
+            out = out + conv.bias
+        return out
+
+
+def _gcn_forward():  # noqa: ANN202 - the class's forward, to tell overrides apart
+    from torch_geometric.nn import GCNConv
+
+    return GCNConv.forward
+
+
+_GCN_FORWARD = _gcn_forward()
 
 
 def _last_loop_weight(owner: Tensor, is_loop: Tensor, w: Tensor, n: int, fill: float) -> Tensor:
@@ -400,8 +435,11 @@ def _one_loop_each(batch: LayerBatch, w: Tensor, loop_w: Tensor, dtype: torch.dt
     """
     device = batch.src_index.device
     n_dst = batch.num_dst
+    # Gathered sources number destinations 0..B-1; global ones are storage ids (a full
+    # layer's destinations are the run dst_start … dst_start+B-1).
+    offset = batch.dst_start if batch.global_src_size is not None else 0
     dst = batch.dst_index
-    keep = batch.src_index != dst
+    keep = batch.src_index != dst + offset
     kept_dst = dst[keep]
     counts = torch.bincount(kept_dst, minlength=n_dst) + 1
     indptr = torch.zeros(n_dst + 1, dtype=torch.long, device=device)
@@ -413,7 +451,7 @@ def _one_loop_each(batch: LayerBatch, w: Tensor, loop_w: Tensor, dtype: torch.dt
     loop_pos = indptr[1:] - 1
     cols[edge_pos] = batch.src_index[keep]
     vals[edge_pos] = w[keep].to(dtype)
-    cols[loop_pos] = torch.arange(n_dst, device=device)
+    cols[loop_pos] = torch.arange(n_dst, device=device) + offset
     vals[loop_pos] = loop_w.to(dtype)
     return torch.sparse_csr_tensor(
         indptr, cols, vals, size=(n_dst, batch.num_src), check_invariants=False

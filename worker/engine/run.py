@@ -222,16 +222,19 @@ class LayerwiseRun:
         """Whether every source-row input can be handed over whole (no per-batch gather).
 
         Needs: only convs read it over source rows and each adapter accepts global
-        sources, and the value is stored for all nodes (indexed by storage id) on the
-        compute device.
+        sources (some on full layers only), and the value is stored for all nodes
+        (indexed by storage id) on the compute device.
         """
         specs = [s for s in block.inputs if s.rows == SRC]
         if not specs or block.index == 0:
             return False
         adapters = self.ctx.split.adapters
+        full = self.plan.layers[block.index].nodes is None  # every node a destination
         for spec in specs:
             if spec.src_convs is None or not all(
-                adapters[c].supports_global_src for c in spec.src_convs
+                adapters[c].supports_global_src
+                and (full or not adapters[c].global_src_full_layers_only)
+                for c in spec.src_convs
             ):
                 return False
             if spec.producer == FEATURES:

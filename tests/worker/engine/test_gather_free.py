@@ -15,15 +15,32 @@ def graph():
     return random_graph(900, 7000, 6, seed=12, x_seed=13)
 
 
-@pytest.mark.parametrize("family", ["sage_mean", "sage_sum", "gin", "graphconv"])
+FULL_LAYER_FAMILIES = ["gcn", "gcn_improved", "gcn_noloops"]  # x Θ once per full layer
+
+
+@pytest.mark.parametrize(
+    "family", ["sage_mean", "sage_sum", "gin", "graphconv", *FULL_LAYER_FAMILIES]
+)
 def test_full_evaluation_reads_in_place_and_is_exact(graph, family):
     edge_index, x, store = graph
     model = build(family, 6)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
     with torch.no_grad():
-        assert_exact(ev.evaluate(), model(x, edge_index), family)
+        assert_exact(ev.evaluate(), build(family, 6)(x, edge_index), family)
     conv_layers = [layer for layer in ev.last_stats.layers if layer.layer > 0]
     assert any(layer.gather_free for layer in conv_layers)
+    assert ev.last_stats.batches > len(ev.last_stats.layers)  # several batches per layer
+
+
+@pytest.mark.parametrize("family", FULL_LAYER_FAMILIES)
+def test_full_layer_only_adapters_gather_on_partial_frontiers(graph, family):
+    """GCN derives x Θ for the whole table: a partial frontier must not pay for that."""
+    edge_index, x, store = graph
+    ev = LayerwiseEvaluator(build(family, 6), store, init_batch_nodes=64)
+    ids = torch.tensor([3, 5, 899])
+    with torch.no_grad():
+        assert_exact(ev.evaluate(targets=ids), build(family, 6)(x, edge_index)[ids], family)
+    assert not any(layer.gather_free for layer in ev.last_stats.layers)
 
 
 def test_partial_evaluation_gathers(graph):

@@ -1,0 +1,62 @@
+"""Full layers read in place: a whole-table tensor derived once per layer.
+
+On a full gather-free layer (every node a destination, sources the stored node table
+indexed by storage id) every batch reads the same ``N``-row table; an adapter that
+transforms sources before aggregating (``x W``, ``c_out ⊙ x``) does it once per layer,
+as the model's whole-graph forward does, instead of once per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+
+from torch import Tensor
+
+from hopserve.worker.convs.base import LayerBatch
+
+__all__ = ["LayerTableCache", "full_layer"]
+
+
+def full_layer(batch: LayerBatch) -> bool:
+    """Whether ``batch`` belongs to a full gather-free layer (all nodes, storage order)."""
+    return batch.global_src_size is not None and batch.dst_start is not None
+
+
+def _last_of_layer(batch: LayerBatch) -> bool:
+    return batch.dst_start + batch.num_dst >= batch.global_src_size
+
+
+class LayerTableCache:
+    """A whole-table tensor derived from a layer's source table, kept for that layer.
+
+    On a full layer every batch reads the same stored table ``x`` (all ``N`` rows); a
+    derived table (``x W``, ``c_out ⊙ x``) is computed on the first batch that asks and
+    dropped after the layer's last batch, so it lives as long as one layer runs (at most
+    ``N × min(in, out)`` values). The entry is keyed by ``x`` itself (a weak reference, its
+    in-place version counter), the caller's key (layer, weight versions, sampling …), and
+    is only ever returned for the very tensor it was derived from.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entry: tuple[weakref.ref, int, Hashable, Tensor] | None = None
+
+    def get(
+        self, x: Tensor, key: Hashable, batch: LayerBatch, make: Callable[[], Tensor]
+    ) -> Tensor:
+        """The table for ``(x, key)``, made by ``make()`` on a miss."""
+        with self._lock:
+            e = self._entry
+            hit = e is not None and e[0]() is x and e[1] == x._version and e[2] == key
+            value = e[3] if hit else None
+        if value is None:
+            value = make()
+            with self._lock:
+                self._entry = (weakref.ref(x), x._version, key, value)
+        if _last_of_layer(batch):
+            with self._lock:
+                if self._entry is not None and self._entry[3] is value:
+                    self._entry = None
+        return value
