@@ -341,9 +341,12 @@ class RedisBackedCache(EmbeddingCache):
             self._report_available(True)
 
     def _reachable(self, op: str, seconds: float) -> None:
-        """A round trip succeeded: record its latency; report the backend up."""
+        """A round trip succeeded: record its latency; report the backend up unless the
+        breaker is open (a call sent before it opened may still succeed, e.g. one whose
+        keys all live on the masters still up: only the probe closes the breaker)."""
         self._record_operation(op, seconds)
-        self._report_available(True)
+        if self._up:
+            self._report_available(True)
 
     def _report_available(self, up: bool) -> None:
         if self._reported_up is not up:

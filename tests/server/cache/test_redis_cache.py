@@ -376,3 +376,26 @@ def test_no_free_turn_within_the_timeout_skips_the_call_but_redis_stays_in_use(
             assert (await cache.get_many(NS, np.array([1])))[0].all()
 
     run(scenario)
+
+
+def test_a_call_finishing_after_the_breaker_opened_does_not_report_it_up(
+    redis_server: str,
+) -> None:
+    """A get sent before the breaker opened may still succeed (on a cluster, one whose keys
+    all live on the masters still up): ``hopserve_cache_up`` must stay 0 until a probe
+    closes the breaker, not flip back to 1 while nothing is sent."""
+
+    async def scenario() -> None:
+        observer = RecordingObserver()
+        async with RedisEmbeddingCache(redis_server, backoff_s=60, observer=observer) as cache:
+            await cache.put_many(NS, np.array([1]), random_rows(1))
+            assert observer.available[-1] is True
+            in_flight = asyncio.ensure_future(cache.get_many(NS, np.array([1])))
+            await asyncio.sleep(0)  # the get is sent and waits for its answer
+            cache.mark_unavailable("a master died")  # the breaker opens meanwhile
+            mask, _ = await in_flight
+            assert mask.all()  # the in-flight get succeeded ...
+            assert observer.available[-1] is False  # ... and did not report the cache up
+            assert not cache.available
+
+    run(scenario)
