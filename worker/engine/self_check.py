@@ -47,7 +47,7 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(n, feature_dim, generator=gen)
     # Edge data arguments get random columns of the right width, stored in CSC order.
-    edge = probe_edge_data(split.edge_args, ei.shape[1], split.edge_feature_dim, seed=13)
+    edge = probe_edge_data(split.edge_args, ei, split.edge_feature_dim, seed=13)
     columns = {}
     for arg, column in split.edge_args.items():
         columns["edge_weight" if column == "weight" else "edge_attr"] = edge[arg]

@@ -53,15 +53,28 @@ def call_model(
 
 
 def probe_edge_data(
-    edge_args: dict[str, str], num_edges: int, feature_dim: int | None, seed: int = 5
+    edge_args: dict[str, str], edge_index: Tensor, feature_dim: int | None, seed: int = 5
 ) -> dict[str, Tensor]:
     """Random edge data for the probe graph: ``{argument: tensor}`` per edge data argument
-    (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal)."""
+    (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal).
+
+    A node's several self-loops carry the same data: which of them PyG's
+    ``add_remaining_self_loops`` keeps is an indexed assignment with repeated indices,
+    the last on the CPU but unspecified on CUDA, so the model's own forward would not be
+    a fixed reference there."""
     gen = torch.Generator().manual_seed(seed)
+    num_edges = edge_index.shape[1]
     columns = {
         "weight": torch.rand(num_edges, generator=gen) + 0.5,
         "features": torch.randn(num_edges, feature_dim or 1, generator=gen),
     }  # one tensor per column: arguments served by the same column get the same values
+    loops = (edge_index[0] == edge_index[1]).nonzero().squeeze(1)
+    if loops.numel():
+        node = edge_index[0, loops]
+        first = torch.full((int(node.max()) + 1,), -1, dtype=torch.long)
+        first.scatter_reduce_(0, node, loops, reduce="amin", include_self=False)
+        for values in columns.values():
+            values[loops] = values[first[node]]
     return {arg: columns[column] for arg, column in edge_args.items()}
 
 

@@ -51,7 +51,7 @@ def split_model(
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     # The probe runs where the model's weights are (a worker moves it to its GPU first).
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    edge = probe_edge_data(traced.edge_args, ei.shape[1], edge_dim, seed=5)
+    edge = probe_edge_data(traced.edge_args, ei, edge_dim, seed=5)
     x, ei = x.to(device), ei.to(device)
     edge = {k: v.to(device) for k, v in edge.items()}
     try:

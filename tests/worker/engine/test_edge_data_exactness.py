@@ -183,6 +183,29 @@ def test_medium_graph_batched_with_self_check(medium, family):
     assert_exact(exact_again, want[targets], f"{family} fanouts=-1")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("resident", [True, False], ids=["graph-on-device", "graph-on-host"])
+@pytest.mark.parametrize("family", ["gcn", "mixed", "gat", "gine", "nnconv"])
+def test_cuda_medium_graph_with_edge_data(medium, family, resident):
+    """Edge columns reach the GPU (resident, or sliced per batch from the host). A node's
+    several self-loops get one weight: which of them PyG's forward keeps is unspecified on
+    CUDA (an indexed assignment with repeated indices), so it would be no fixed oracle."""
+    ei, x, w, ea, _ = medium
+    w = w.clone()
+    loops = (ei[0] == ei[1]).nonzero().squeeze(1)
+    w[loops] = 0.5 + ei[0, loops] / 600.0
+    store = _store(ei, x, w, ea)
+    model, arg = _model(family)
+    want = _forward(model, arg, x, ei, w if arg == "edge_weight" else ea)  # before .cuda()
+    ev = LayerwiseEvaluator(
+        model, store, device="cuda", init_batch_nodes=37, graph_on_device=resident,
+        progress=False,
+    )  # fmt: skip
+    assert ev.graph_resident is resident
+    assert_full_and_partial(ev, want, torch.tensor([599, 0, 17, 300]), family, " on cuda")
+
+
 def test_dropping_the_weights_changes_the_result(medium):
     """The test can fail: the served rows are those of the weighted forward, which is far
     from the unweighted one (and from the weights shuffled over the edges)."""

@@ -89,6 +89,25 @@ def test_medium_graph_reuses_hub_rows_exactly(family, medium_graph):
     assert reused[0] == 0 and sum(reused[1:]) > 0, reused  # cold, then warm
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["gcn", "sage_mean", "gat"])
+def test_cuda_reuses_hub_rows_exactly(family, medium_graph):
+    """The cache keeps host rows of device outputs and writes them back on the device."""
+    edge_index, x, store = medium_graph
+    model = build(family, D_IN, seed=3)
+    want = PYG.forward(model, edge_index, x)
+    ev = LayerwiseEvaluator(model, store, device="cuda", init_batch_nodes=97, progress=False)
+    cache = LayerCache(ev.split, store.topology.in_degrees, 300)
+    hits = 0
+    for k in range(4):
+        ids = [*MEDIUM_TARGETS, k, 7 * k + 1]
+        got, reused = run(ev, cache, ids)
+        assert_exact(got.cpu(), want[ids], f"{family} on cuda, job {k}")
+        hits += reused
+    assert hits > 0
+
+
 def test_reused_rows_are_the_rows_the_run_reads(medium_graph):
     """Corrupting the cached rows changes the answer: the run really takes them."""
     edge_index, x, store = medium_graph
