@@ -369,38 +369,51 @@ class GCNAdapter(ConvAdapter):
 
     @property
     def supports_global_src(self) -> bool:
-        return type(self.conv).forward is _GCN_FORWARD  # the steps _run_full_layer repeats
+        return type(self.conv).forward is _GCN_FORWARD  # the steps run() repeats
 
     @property
     def global_src_full_layers_only(self) -> bool:
         return True
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        if full_layer(batch):
-            return self._run_full_layer(x, batch)
-        adj = self._adjacency(batch, x.dtype)
         conv = self.conv
-        with self._lock:
-            saved = conv.normalize
-            conv.normalize = False
-            try:
-                return conv(x, adj)
-            finally:
-                conv.normalize = saved
-
-    def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        """A full layer read in place: ``x Θ`` once per layer (what ``GCNConv.forward``
-        does first, on the same rows), then per batch the normalized SpMM and the bias."""
+        adj = self._adjacency(batch, x.dtype)
+        if not self.supports_global_src:  # a subclass's own forward: run it as written
+            with self._lock:
+                saved = conv.normalize
+                conv.normalize = False
+                try:
+                    return conv(x, adj)
+                finally:
+                    conv.normalize = saved
         from torch_geometric.utils import spmm
 
-        conv = self.conv
-        weight = conv.lin.weight
-        key = (batch.layer, id(weight), weight._version)
-        table = self._tables.get(x, key, batch, lambda: conv.lin(x))
-        out = spmm(self._adjacency(batch, table.dtype), table, reduce=conv.aggr)
-        if conv.bias is not None:
-            out = out + conv.bias
-        return out
+        if self._aggregates_first(x, batch, adj):
+            out = conv.lin(spmm(adj, x, reduce=conv.aggr))
+        elif full_layer(batch):  # x Θ once per layer, read by every batch
+            weight = conv.lin.weight
+            key = (batch.layer, id(weight), weight._version)
+            table = self._tables.get(x, key, batch, lambda: conv.lin(x))
+            out = spmm(adj, table, reduce=conv.aggr)
+        else:
+            out = spmm(adj, conv.lin(x), reduce=conv.aggr)
+        return out if conv.bias is None else out + conv.bias
+
+    def _aggregates_first(self, x: Tensor, batch: LayerBatch, adj: Tensor) -> bool:
+        r"""Whether :math:`(\hat A x)\,\Theta` costs less than :math:`\hat A (x\Theta)` (the
+        same function; ``GCNConv`` projects first, DGL's ``GraphConv`` picks the cheaper).
+
+        Multiply-adds, with :math:`E` the batch's edges: projecting first costs
+        :math:`n_{src} d_{in} d_{out} + E d_{out}`, aggregating first
+        :math:`E d_{in} + n_{dst} d_{in} d_{out}`. On a full layer the projection is done
+        once for all batches (:math:`n_{src} = n_{dst} = N`), so only the widths decide."""
+        d_out, d_in = self.conv.lin.weight.shape
+        if full_layer(batch):
+            return d_in < d_out
+        edges = adj._nnz()
+        project_first = x.shape[0] * d_in * d_out + edges * d_out
+        aggregate_first = edges * d_in + batch.num_dst * d_in * d_out
+        return aggregate_first < project_first
 
 
 def _gcn_forward():  # noqa: ANN202 - the class's forward, to tell overrides apart
