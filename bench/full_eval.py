@@ -435,9 +435,11 @@ def roofline(args: argparse.Namespace, store, hop: dict[str, Any]) -> dict[str, 
     n, e = store.num_nodes, store.num_edges
     dims = [args.dim] + [args.hidden] * (args.layers - 1) + [args.out_dim]
     total = sum(8 * (n + 1) + 8 * e + 4 * n * (a + b) for a, b in zip(dims, dims[1:], strict=False))
-    # An SpMM without cache reuse also reads one aggregated row per edge: GCN aggregates
-    # after its projection (output width), SAGE before it (input width).
-    agg = dims[1:] if args.family == "gcn" else dims[:-1]
+    # An SpMM without cache reuse also reads one aggregated row per edge: hopserve's GCN
+    # aggregates at the narrower of its two widths (projecting first or after), SAGE
+    # before its projection (input width).
+    pairs = list(zip(dims, dims[1:], strict=False))
+    agg = [min(a, b) for a, b in pairs] if args.family == "gcn" else dims[:-1]
     gather = total + sum(4 * e * d for d in agg)
     bw = hop["copy_bandwidth_bytes_s"]
     return {
