@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hopserve.worker.engine.layer_cache import LayerCache, LayerReuse
+from hopserve.worker.engine.layer_cache import LayerCache, LayerReuse, cacheable_boundaries
 from hopserve.worker.graph.planner import Plan
 from hopserve.worker.runtime.degrees import degree_reads
 
@@ -43,8 +43,9 @@ class ModelLayerCache:
         self.evaluator = evaluator
         self.capacity = int(capacity)
         self.degree_normalized, self.source_degrees = degree_reads(evaluator)
-        self.cache: LayerCache | None = None
-        self._boundaries = tuple(self._build(evaluator.graph, None).boundaries)
+        self.cache: LayerCache | None = None  # built on the first plan (see plan)
+        # The same boundaries LayerCache keeps, without choosing hubs or allocating tables.
+        self._boundaries = tuple(cacheable_boundaries(evaluator.split)) if self.capacity > 0 else ()
 
     @property
     def enabled(self) -> bool:
