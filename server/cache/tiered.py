@@ -20,11 +20,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from hopserve.server.cache.base import CacheNamespace, EmbeddingCache
+from hopserve.server.cache.base import CacheNamespace, CacheStats, EmbeddingCache
 from hopserve.server.cache.codec import as_node_ids
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 
 __all__ = ["TieredCache"]
+
+
+class _TieredStats(CacheStats):
+    """A tiered cache's :class:`CacheStats`: ``hits`` and ``misses`` are read from the near
+    tier (every lookup starts there, so its counts are the cache's), never copied; the
+    other counters are the tiered cache's own."""
+
+    def __init__(self, near: EmbeddingCache) -> None:
+        # Not the dataclass __init__: it would assign the two read-only counts.
+        self._near = near
+        self.errors = self.rejected = self.stale = 0
+
+    @property
+    def hits(self) -> int:
+        return self._near.hits
+
+    @property
+    def misses(self) -> int:
+        return self._near.misses
 
 
 class TieredCache(EmbeddingCache):
@@ -33,6 +52,7 @@ class TieredCache(EmbeddingCache):
     def __init__(self, near: MemoryEmbeddingCache, far: EmbeddingCache) -> None:
         super().__init__()
         self.near, self.far = near, far
+        self.stats = _TieredStats(near)
         self.name = far.name  # the shared backend names the cache in logs and labels
 
     def __repr__(self) -> str:
@@ -62,7 +82,6 @@ class TieredCache(EmbeddingCache):
                 for seq in np.unique(far_seqs[far_mask]).tolist():
                     take = far_mask & (far_seqs == seq)
                     await self.near.put_many(namespace, far_ids[take], far_rows[take], seq)
-        self.stats.hits, self.stats.misses = self.near.hits, self.near.misses
         return mask, rows
 
     async def put_many(
