@@ -57,6 +57,8 @@ from hopserve.worker.graph.planner import sample_in_edges, sampled_in_degrees
 
 # Sampled (layer, fanout, seed) self-loop tables kept per adapter (int32 [N] each).
 SAMPLED_CACHE_SIZE = 4
+# Edges per step while building a full layer's normalized edge weights.
+FULL_WEIGHT_CHUNK_EDGES = 1 << 20
 
 
 @functools.cache
@@ -190,19 +192,28 @@ class GCNAdapter(ConvAdapter):
 
     def _full_edge_weight(self) -> Tensor:
         """``[E]`` weight of every CSC edge (0 for loops when loops are re-added), built
-        once per graph on the first full layer."""
+        once per graph on the first full layer, a run of destinations at a time (float64
+        products, as in ``prepare``; transient memory ``O(E / chunks)``, not ``O(E)``)."""
         with self._sample_lock:
             if self._edge_weight is None:
                 graph = self._graph
-                indptr, indices = graph.indptr, graph.indices.long()
-                dst = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr.diff())
-                w = self._dinv[indices] * self._dinv[dst]
-                if self._weight is not None:
-                    w = w * self._weight.to(torch.float64)
-                w = w.float()
-                if self._loop_weight is not None:
-                    w[indices == dst] = 0.0
-                self._edge_weight = w
+                indptr = torch.as_tensor(graph.indptr).long()
+                indices = graph.indices
+                out = torch.empty(int(indptr[-1]), dtype=torch.float32)
+                n = graph.num_nodes
+                step = max(1, n * FULL_WEIGHT_CHUNK_EDGES // max(1, out.numel()))
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    lo, hi = int(indptr[a]), int(indptr[b])
+                    src = indices[lo:hi].long()
+                    dst = torch.repeat_interleave(torch.arange(a, b), indptr[a : b + 1].diff())
+                    w = self._dinv[src] * self._dinv[dst]
+                    if self._weight is not None:
+                        w = w * self._weight[lo:hi].to(torch.float64)
+                    if self._loop_weight is not None:
+                        w[src == dst] = 0.0
+                    out[lo:hi] = w
+                self._edge_weight = out
             return self._edge_weight
 
     # The conv's ``gcn_norm`` flags; subclasses for other gcn-normalized convs override them.
@@ -406,10 +417,11 @@ class GCNAdapter(ConvAdapter):
         Multiply-adds, with :math:`E` the batch's edges: projecting first costs
         :math:`n_{src} d_{in} d_{out} + E d_{out}`, aggregating first
         :math:`E d_{in} + n_{dst} d_{in} d_{out}`. On a full layer the projection is done
-        once for all batches (:math:`n_{src} = n_{dst} = N`), so only the widths decide."""
+        once for all batches (:math:`n_{src} = n_{dst} = N`), so only the widths decide;
+        at equal widths aggregating first also saves the ``[N, d_out]`` table."""
         d_out, d_in = self.conv.lin.weight.shape
         if full_layer(batch):
-            return d_in < d_out
+            return d_in <= d_out
         edges = adj._nnz()
         project_first = x.shape[0] * d_in * d_out + edges * d_out
         aggregate_first = edges * d_in + batch.num_dst * d_in * d_out

@@ -8,6 +8,7 @@ from support import assert_exact, random_graph
 from support.models import build
 
 from hopserve import LayerwiseEvaluator
+from hopserve.worker.convs import gcn
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,17 @@ def test_full_evaluation_reads_in_place_and_is_exact(graph, family):
     conv_layers = [layer for layer in ev.last_stats.layers if layer.layer > 0]
     assert any(layer.gather_free for layer in conv_layers)
     assert ev.last_stats.batches > len(ev.last_stats.layers)  # several batches per layer
+
+
+@pytest.mark.parametrize("family", FULL_LAYER_FAMILIES)
+def test_full_layer_edge_weights_built_in_chunks_are_exact(graph, family, monkeypatch):
+    """The normalized weights of a full layer are built a run of destinations at a time;
+    chunk edges (97 edges, runs cut mid-graph) must not change them."""
+    edge_index, x, store = graph
+    monkeypatch.setattr(gcn, "FULL_WEIGHT_CHUNK_EDGES", 97)
+    ev = LayerwiseEvaluator(build(family, 6), store, init_batch_nodes=64)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), build(family, 6)(x, edge_index), f"{family}, chunked")
 
 
 @pytest.mark.parametrize("family", FULL_LAYER_FAMILIES)
