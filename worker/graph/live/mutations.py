@@ -7,8 +7,17 @@ first offending mutation (kind, index, value), so a bad batch is refused before 
 is written or applied. Order inside a batch: add_nodes, remove_edges, add_edges,
 set_features. New nodes get storage ids ``N, N+1, …`` in the order given.
 
+Edge data: on a graph whose store holds an edge weight column (``edge_weight``) and/or
+edge features (``edge_features``, width ``d_e``), every added edge carries its weight /
+feature row (:attr:`MutationBatch.add_edge_weight`, :attr:`MutationBatch.add_edge_features`);
+a missing one, a wrong width, NaN/Inf, or edge data for a column the graph lacks is
+refused. Removed edges take their data with them and need none.
+
 Log bytes (:func:`encode` / :func:`decode`): no pickle, only a fixed header per array
-(name, dtype code, length) and the raw little-endian values.
+(name, dtype code, length) and the raw little-endian values. A batch carrying edge data
+appends an *edge trailer* (``b"HSED"``, a flags byte, then the arrays it flags); a batch
+without any encodes exactly as before the trailer existed, and records written before it
+decode unchanged (no trailer: no edge data).
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ import numpy as np
 from hopserve.worker.graph.ids import first_duplicate
 
 __all__ = [
-    "EDGE_DATA_REFUSAL",
     "InvalidUpdateError",
     "MutationBatch",
     "ResolvedBatch",
@@ -37,15 +45,6 @@ class InvalidUpdateError(ValueError):
     """The batch cannot be applied (names the offending mutation); nothing was applied."""
 
 
-EDGE_DATA_REFUSAL = (
-    "the graph holds edge weights or edge features, and updates do not carry edge data "
-    "yet: added edges would have no weight or features (and removed ones would misalign "
-    "the edge columns), and compaction would not keep the columns; nothing was applied. "
-    "Rebuild the store with the new edges and their edge data (hopserve ingest)"
-)
-"""Why every batch on a graph with edge columns is refused (never silently dropped)."""
-
-
 _WHAT = {  # field -> the mutation's name in error messages
     "add_node_ids": "add_nodes",
     "remove_src": "remove_edges.src",
@@ -55,11 +54,6 @@ _WHAT = {  # field -> the mutation's name in error messages
     "set_node_ids": "set_features",
 }
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-def _name(graph) -> str:  # noqa: ANN001 - a GraphSnapshot
-    path = getattr(graph, "path", None)
-    return path.name if path is not None else "(in memory)"
 
 
 def _ids(values: object, what: str) -> np.ndarray:
@@ -107,6 +101,12 @@ class MutationBatch:
     """Their new features, float32 ``[m, F]``."""
     idempotency_key: str = ""
     """Client key making a retry safe ("" = none)."""
+    add_edge_weight: np.ndarray | None = None
+    """Weight of each added edge, float ``[len(add_src)]``: required on a graph holding an
+    edge weight column, refused on one without (``None`` = not given)."""
+    add_edge_features: np.ndarray | None = None
+    """Feature row of each added edge, float ``[len(add_src), d_e]``: required on a graph
+    holding edge features (``d_e`` its width), refused on one without."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -157,6 +157,10 @@ class ResolvedBatch:
     set_features: np.ndarray
     """float32 ``[len(set_nodes), F]``."""
     idempotency_key: str = ""
+    add_edge_weight: np.ndarray | None = None
+    """float32 ``[len(add_src)]`` when the graph holds an edge weight column, else ``None``."""
+    add_edge_features: np.ndarray | None = None
+    """float32 ``[len(add_src), d_e]`` when the graph holds edge features, else ``None``."""
 
 
 def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
@@ -187,17 +191,98 @@ def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
     return arr
 
 
+def _edge_weight(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN001
+    """The added edges' weights as float32 ``[n]``, or ``None`` on a graph without the
+    column (see :func:`resolve` for what is refused)."""
+    given = values is not None and not (np.size(values) == 0 and n == 0)
+    if not graph.meta.has_edge_weight:
+        if given:
+            raise InvalidUpdateError(
+                f"add_edges.weights: the graph holds no edge weights, but {np.size(values)} "
+                "were given (refused, not dropped)"
+            )
+        return None
+    if values is None:
+        if n:
+            raise InvalidUpdateError(
+                f"add_edges.weights: the graph holds an edge weight per edge, but the "
+                f"{n} added edge(s) were given none"
+            )
+        return np.zeros(0, dtype=np.float32)
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise InvalidUpdateError(
+            f"add_edges.weights: shape {list(arr.shape)}, expected one weight per added edge [{n}]"
+        )
+    if arr.size and arr.dtype.kind not in "fiu":
+        raise InvalidUpdateError(f"add_edges.weights: must be numbers, got {arr.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused below
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidUpdateError(f"add_edges.weights[{i}]: the weight of edge {i} is NaN or Inf")
+    return arr
+
+
+def _edge_features(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN001
+    """The added edges' feature rows as float32 ``[n, d_e]``, or ``None`` on a graph
+    without edge features (see :func:`resolve` for what is refused)."""
+    d_e = graph.meta.edge_feature_dim
+    given = values is not None and not (np.size(values) == 0 and n == 0)
+    if d_e is None:
+        if given:
+            raise InvalidUpdateError(
+                "add_edges.features: the graph holds no edge features, but "
+                f"{np.shape(values)[0] if np.ndim(values) else np.size(values)} row(s) were "
+                "given (refused, not dropped)"
+            )
+        return None
+    if values is None:
+        if n:
+            raise InvalidUpdateError(
+                f"add_edges.features: the graph holds {d_e} edge features per edge, but the "
+                f"{n} added edge(s) were given none"
+            )
+        return np.zeros((0, d_e), dtype=np.float32)
+    try:
+        arr = np.asarray(values)
+    except ValueError as err:  # ragged rows
+        raise InvalidUpdateError(f"add_edges.features: not a [{n}, {d_e}] array ({err})") from None
+    if arr.ndim != 2 or arr.shape[0] != n:
+        raise InvalidUpdateError(
+            f"add_edges.features: shape {list(arr.shape)}, expected one row per added edge "
+            f"[{n}, {d_e}]"
+        )
+    if arr.shape[1] != d_e:
+        raise InvalidUpdateError(
+            f"add_edges.features: width {arr.shape[1]} given, the graph's edge feature "
+            f"width is {d_e}"
+        )
+    if arr.size and arr.dtype.kind not in "fiu":
+        raise InvalidUpdateError(f"add_edges.features: must be numbers, got {arr.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidUpdateError(
+            f"add_edges.features[{i}]: the features of edge {i} hold NaN or Inf"
+        )
+    return arr
+
+
 def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
     """Check ``batch`` against ``graph`` (a snapshot) and map it to storage ids.
 
     Raises:
         InvalidUpdateError: the first problem found, naming the mutation: an unknown
             endpoint, a duplicate or existing new ID, a pair to remove that is not an
-            edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key; any
-            batch on a graph holding edge weights or features (:data:`EDGE_DATA_REFUSAL`).
+            edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key; added
+            edges without the weight / feature row the graph's edge columns need (named
+            field and count), a wrong edge feature width (expected and given), NaN/Inf
+            edge data (edge index), edge data for a column the graph lacks.
     """
-    if getattr(graph, "has_edge_data", False) and not batch.empty:
-        raise InvalidUpdateError(f"graph {_name(graph)}: {EDGE_DATA_REFUSAL}")
     key = batch.idempotency_key
     if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isprintable():
         raise InvalidUpdateError(
@@ -241,6 +326,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     ):
         if src.size != dst.size:
             raise InvalidUpdateError(f"{name}: {src.size} sources but {dst.size} destinations")
+    add_weight = _edge_weight(batch.add_edge_weight, graph, batch.add_src.size)
+    add_edge_features = _edge_features(batch.add_edge_features, graph, batch.add_src.size)
     r_src = storage(batch.remove_src, "remove_edges.src", False)
     r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
     if r_src.size:
@@ -270,6 +357,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
         set_nodes=set_nodes,
         set_features=set_rows,
         idempotency_key=key,
+        add_edge_weight=add_weight,
+        add_edge_features=add_edge_features,
     )
 
 
@@ -284,17 +373,35 @@ _DTYPES = {1: np.dtype("<i8"), 2: np.dtype("<f4")}
 _CODES = {v: k for k, v in _DTYPES.items()}
 
 
+_EDGE_MAGIC = b"HSED"  # the edge trailer: magic, flags, then the flagged arrays
+_EDGE_FLAGS = struct.Struct("<B")
+_EDGE_ARRAYS = ((1, "add_edge_weight"), (2, "add_edge_features"))  # (flag bit, field)
+
+
+def _pack(arr: np.ndarray, parts: list[bytes]) -> None:
+    dtype = np.dtype("<f4") if arr.dtype.kind == "f" else np.dtype("<i8")
+    arr = np.ascontiguousarray(arr, dtype=dtype)
+    cols = arr.shape[1] if arr.ndim == 2 else 0
+    parts.append(_ARRAY.pack(_CODES[dtype], arr.shape[0], cols))
+    parts.append(arr.tobytes())
+
+
 def encode(batch: ResolvedBatch) -> bytes:
-    """The batch as log bytes (resolved: replaying it needs no ID lookups)."""
+    """The batch as log bytes (resolved: replaying it needs no ID lookups).
+
+    The edge trailer is written only when the batch carries edge data (the graph holds
+    edge columns), so a batch without any encodes as before the trailer existed.
+    """
     key = batch.idempotency_key.encode()
     parts = [_HEAD.pack(batch.seq, batch.num_nodes_before, len(key)), key]
     for name in _ARRAYS:
-        arr = getattr(batch, name)
-        dtype = np.dtype("<f4") if arr.dtype.kind == "f" else np.dtype("<i8")
-        arr = np.ascontiguousarray(arr, dtype=dtype)
-        cols = arr.shape[1] if arr.ndim == 2 else 0
-        parts.append(_ARRAY.pack(_CODES[dtype], arr.shape[0], cols))
-        parts.append(arr.tobytes())
+        _pack(getattr(batch, name), parts)
+    flags = sum(bit for bit, name in _EDGE_ARRAYS if getattr(batch, name) is not None)
+    if flags:
+        parts += [_EDGE_MAGIC, _EDGE_FLAGS.pack(flags)]
+        for bit, name in _EDGE_ARRAYS:
+            if flags & bit:
+                _pack(getattr(batch, name), parts)
     return b"".join(parts)
 
 
@@ -319,21 +426,35 @@ def _decode(view: memoryview, dim: int) -> ResolvedBatch:
     at += key_len
     values = {}
     for name in _ARRAYS:
-        code, rows, cols = _ARRAY.unpack_from(view, at)
-        at += _ARRAY.size
-        dtype = _DTYPES.get(code)
-        if dtype is None:
-            raise ValueError(f"log record: array {name} has unknown dtype code {code}")
-        count = rows * (cols or 1)
-        nbytes = count * dtype.itemsize
-        if at + nbytes > len(view):
-            raise ValueError(f"log record: array {name} runs past the record")
-        arr = np.frombuffer(view[at : at + nbytes], dtype=dtype).copy()
-        at += nbytes
-        values[name] = arr.reshape(rows, cols) if cols else arr
+        values[name], at = _unpack(view, at, name)
+    if at < len(view):  # the edge trailer (records before it have none)
+        end = at + len(_EDGE_MAGIC)
+        if bytes(view[at:end]) != _EDGE_MAGIC:
+            raise ValueError("log record: trailing bytes")
+        (flags,) = _EDGE_FLAGS.unpack_from(view, end)
+        at = end + _EDGE_FLAGS.size
+        if not flags or flags & ~sum(bit for bit, _ in _EDGE_ARRAYS):
+            raise ValueError(f"log record: bad edge trailer flags {flags}")
+        for bit, name in _EDGE_ARRAYS:
+            if flags & bit:
+                values[name], at = _unpack(view, at, name)
     if at != len(view):
         raise ValueError("log record: trailing bytes")
     for name in ("new_features", "set_features"):
         if values[name].ndim == 1:  # no rows: keep the [0, dim] shape
             values[name] = values[name].reshape(0, dim)
     return ResolvedBatch(seq=seq, num_nodes_before=n_before, idempotency_key=key, **values)
+
+
+def _unpack(view: memoryview, at: int, name: str) -> tuple[np.ndarray, int]:
+    """The array whose header is at ``at`` and where the next one starts."""
+    code, rows, cols = _ARRAY.unpack_from(view, at)
+    at += _ARRAY.size
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        raise ValueError(f"log record: array {name} has unknown dtype code {code}")
+    nbytes = rows * (cols or 1) * dtype.itemsize
+    if at + nbytes > len(view):
+        raise ValueError(f"log record: array {name} runs past the record")
+    arr = np.frombuffer(view[at : at + nbytes], dtype=dtype).copy()
+    return (arr.reshape(rows, cols) if cols else arr), at + nbytes

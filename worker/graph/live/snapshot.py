@@ -7,11 +7,14 @@ a consistent view. The cost of a batch is one copy of the CSC (``O(N + E)`` memo
 traffic, no sort of the graph): the in-edge segments of the destinations it touches are
 rebuilt, every other segment is copied as one slice per run of untouched nodes. Degrees
 and the ID index are carried over incrementally, not recomputed. With ``track_out_edges``
-the CSR (out-edges, for cache invalidation) is spliced the same way.
+the CSR (out-edges, for cache invalidation) is spliced the same way, and the edge columns
+(``edge_weight``, ``edge_features``, CSC order) along with the CSC: a kept edge keeps its
+values, an added edge takes the batch's, a removed edge's values go with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
@@ -25,11 +28,7 @@ from hopserve.worker.graph.format import (
     load_array,
 )
 from hopserve.worker.graph.ids import IdIndex
-from hopserve.worker.graph.live.mutations import (
-    EDGE_DATA_REFUSAL,
-    InvalidUpdateError,
-    ResolvedBatch,
-)
+from hopserve.worker.graph.live.mutations import InvalidUpdateError, ResolvedBatch
 from hopserve.worker.graph.planner import segment_positions
 from hopserve.worker.graph.topology import GraphTopology
 
@@ -222,22 +221,33 @@ def splice_csc(
     remove_cols: np.ndarray,
     add_rows: np.ndarray,
     add_cols: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    columns: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """A compressed adjacency with every ``(row, col)`` of ``remove_*`` taken out (all
     copies) and ``add_*`` put in; rows beyond the old ones are new, empty rows.
 
-    Only the touched rows are rebuilt (columns ascending); the rest is copied in runs.
+    Only the touched rows are rebuilt (columns ascending; among equal entries the kept ones
+    first, then the added ones in the order given); the rest is copied in runs.
+
+    Args:
+        columns: ``(old, added)`` per-entry value arrays spliced with the entries:
+            ``old`` aligned with ``indices`` (``[E, ...]``), ``added`` with ``add_rows``.
 
     Returns:
-        ``(indptr, indices, removed_cols)``: the new arrays and the column of every entry
-        that was removed (one per copy; for degree bookkeeping).
+        ``(indptr, indices, removed_cols, spliced)``: the new arrays, the column of every
+        entry that was removed (one per copy; for degree bookkeeping), and each of
+        ``columns`` aligned with the new ``indices`` (a kept entry's value, an added
+        entry's own, a removed entry's dropped).
     """
     n_before = indptr.size - 1
     dtype = indices_dtype_for(n_after)
     rows = np.unique(np.concatenate([remove_rows, add_rows]).astype(np.int64))
     if rows.size == 0:  # no edge changes: new rows are empty
         new_indptr = np.concatenate([indptr, np.full(n_after - n_before, indptr[-1])])
-        return new_indptr, indices.astype(dtype, copy=False), np.empty(0, dtype=np.int64)
+        return (
+            new_indptr, indices.astype(dtype, copy=False), np.empty(0, dtype=np.int64),
+            [old for old, _ in columns],
+        )  # fmt: skip
     old_rows = rows[rows < n_before]
     pos, counts = segment_positions(indptr, old_rows)
     seg_rows = np.repeat(old_rows, counts)
@@ -247,53 +257,72 @@ def splice_csc(
         scale = np.int64(max(n_after, 1))
         gone = np.isin(seg_rows * scale + seg_cols, remove_rows * scale + remove_cols)
         removed_cols = seg_cols[gone]
-        seg_rows, seg_cols = seg_rows[~gone], seg_cols[~gone]
+        seg_rows, seg_cols, pos = seg_rows[~gone], seg_cols[~gone], pos[~gone]
     all_rows = np.concatenate([seg_rows, add_rows.astype(np.int64)])
     all_cols = np.concatenate([seg_cols, add_cols.astype(np.int64)])
-    order = np.lexsort((all_cols, all_rows))
+    order = np.lexsort((all_cols, all_rows))  # stable: kept entries before added ones
     all_rows, all_cols = all_rows[order], all_cols[order]
+    # each column's rebuilt-row values, in the same order as all_cols
+    all_vals = [np.concatenate([old[pos], added.astype(old.dtype, copy=False)])[order]
+                for old, added in columns]  # fmt: skip
     counts_new = np.zeros(n_after, dtype=np.int64)
     counts_new[:n_before] = np.diff(indptr)
     counts_new[rows] = np.bincount(all_rows, minlength=n_after)[rows]
     new_indptr = np.zeros(n_after + 1, dtype=np.int64)
     np.cumsum(counts_new, out=new_indptr[1:])
     parts: list[np.ndarray] = []
+    val_parts: list[list[np.ndarray]] = [[] for _ in columns]
+
+    def copy_run(lo: int, hi: int) -> None:  # old entries lo..hi-1, unchanged
+        parts.append(indices[lo:hi])
+        for out, (old, _) in zip(val_parts, columns, strict=True):
+            out.append(old[lo:hi])
+
     prev = 0  # first old row not copied yet
     rebuilt = np.searchsorted(all_rows, rows)  # where each touched row's entries start
     ends = np.append(rebuilt[1:], all_rows.size)
     for r, a, b in zip(rows.tolist(), rebuilt.tolist(), ends.tolist(), strict=True):
         stop = min(r, n_before)
         if stop > prev:
-            parts.append(indices[indptr[prev] : indptr[stop]])
+            copy_run(int(indptr[prev]), int(indptr[stop]))
         parts.append(all_cols[a:b])
+        for out, vals in zip(val_parts, all_vals, strict=True):
+            out.append(vals[a:b])
         prev = max(prev, r + 1) if r < n_before else n_before
     if prev < n_before:
-        parts.append(indices[indptr[prev] : indptr[n_before]])
+        copy_run(int(indptr[prev]), int(indptr[n_before]))
     new_indices = (
         np.concatenate([p.astype(dtype, copy=False) for p in parts])
         if parts
         else np.empty(0, dtype=dtype)
     )
-    return new_indptr, new_indices, removed_cols
+    spliced = [
+        np.concatenate(out) if out else old[:0].copy()
+        for out, (old, _) in zip(val_parts, columns, strict=True)
+    ]
+    return new_indptr, new_indices, removed_cols, spliced
 
 
 def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
-    """The snapshot after ``batch`` (``snap`` is left untouched).
+    """The snapshot after ``batch`` (``snap`` is left untouched); the edge columns are
+    spliced with the CSC (see the module docstring).
 
     Raises:
-        InvalidUpdateError: the batch adds or removes edges of a graph holding edge
-            weights or features (:func:`~.mutations.resolve` refuses it first; this guards
-            against splicing the CSC without its edge columns).
+        InvalidUpdateError: the batch's edge data does not match the graph's edge columns
+            (:func:`~.mutations.resolve` refuses that first; this guards against splicing
+            the CSC without its columns, e.g. a record resolved against another graph).
     """
-    if snap.has_edge_data and (batch.add_src.size or batch.remove_src.size):
-        raise InvalidUpdateError(EDGE_DATA_REFUSAL)
+    columns = _edge_data(snap, batch)
     n_before = snap.num_nodes
     k = batch.new_node_ids.size
     n = n_before + k
-    indptr, indices, removed_src = splice_csc(
+    indptr, indices, removed_src, spliced = splice_csc(
         snap.indptr, snap.indices, n,
         batch.remove_dst, batch.remove_src, batch.add_dst, batch.add_src,
+        [(old, added) for _, old, added in columns],
     )  # fmt: skip
+    edge_cols = {name: None for name in ("edge_weight", "edge_features")}
+    edge_cols.update((name, values) for (name, _, _), values in zip(columns, spliced, strict=True))
     in_deg = np.diff(indptr)
     out_deg = np.zeros(n, dtype=np.int64)
     out_deg[:n_before] = snap.out_degrees
@@ -302,7 +331,7 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
     out_csr = None
     old_csr = snap.out_csr
     if old_csr is not None:
-        o_ptr, o_idx, _ = splice_csc(
+        o_ptr, o_idx, _, _ = splice_csc(
             old_csr[0], old_csr[1], n,
             batch.remove_src, batch.remove_dst, batch.add_src, batch.add_dst,
         )  # fmt: skip
@@ -340,5 +369,39 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         meta, indptr, indices, node_ids, snap.path,
         seq=batch.seq, base_version=snap.base_version, id_index=index,
         in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
-        edge_weight=snap.edge_weight, edge_features=snap.edge_features,  # no edge changed
+        edge_weight=edge_cols["edge_weight"], edge_features=edge_cols["edge_features"],
     )  # fmt: skip
+
+
+def _edge_data(
+    snap: GraphSnapshot, batch: ResolvedBatch
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``(column, values in CSC order, values of the added edges)`` per edge column the
+    graph holds. Raises :class:`InvalidUpdateError` when the batch's edge data does not
+    match those columns."""
+    out = []
+    k = batch.add_src.size
+    for name, field, old in (
+        ("edge_weight", "add_edge_weight", snap.edge_weight),
+        ("edge_features", "add_edge_features", snap.edge_features),
+    ):
+        added = getattr(batch, field)
+        if old is None:
+            if added is not None:
+                raise InvalidUpdateError(
+                    f"batch {batch.seq} carries {field}, the graph holds no {name} column"
+                )
+            continue
+        if added is None and k:
+            raise InvalidUpdateError(
+                f"batch {batch.seq} adds {k} edge(s) without {field}; the graph holds {name}"
+            )
+        if added is None:
+            added = old[:0]
+        if added.shape[0] != k or added.shape[1:] != old.shape[1:]:
+            raise InvalidUpdateError(
+                f"batch {batch.seq}: {field} has shape {list(added.shape)}, expected "
+                f"{[k, *old.shape[1:]]}"
+            )
+        out.append((name, old, added))
+    return out

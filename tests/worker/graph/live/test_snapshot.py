@@ -164,7 +164,7 @@ def test_splice_csc_is_remove_all_then_add(n_rows, entries, extra, data) -> None
     def arr(pairs, k):
         return np.array([p[k] for p in pairs], dtype=np.int64)
 
-    new_ptr, new_idx, removed = splice_csc(
+    new_ptr, new_idx, removed, _ = splice_csc(
         indptr, indices, n_after, arr(remove, 0), arr(remove, 1), arr(add, 0), arr(add, 1)
     )
     gone = set(remove)
