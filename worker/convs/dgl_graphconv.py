@@ -27,10 +27,11 @@ Three cases, by how the batch reads its sources:
 
 * gathered source rows: ``x_src · c_out[src]`` per batch, aggregated first (the ``B``
   destination rows are projected, see :func:`~.dgl_conv.aggregate_first`);
-* a full layer read in place (all nodes, storage order; full evaluation): the scaled
-  table ``c_out ⊙ x`` — projected, ``(c_out ⊙ x) W``, when ``in > out`` — is computed once
-  per layer (:class:`~.dgl_conv.LayerTableCache`), exactly the full-graph forward's own
-  source side; each batch only aggregates it;
+* a full layer read in place (all nodes, storage order; full evaluation): when
+  ``in > out`` the projected table ``(c_out ⊙ x) W`` is computed once per layer
+  (:class:`~.dgl_conv.LayerTableCache`), exactly the full-graph forward's own source side,
+  and each batch only aggregates it; otherwise each batch aggregates ``x`` in place with
+  ``c_out[u]`` as its edges' factors (the same products, no ``[N, in]`` scaled copy);
 * a partial frontier read in place: no whole-table work for a few rows; the conv runs
   through a view with ``norm="none"`` and the per-edge weight :math:`c^{out}_u c^{in}_v`
   (DGL's ``edge_weight`` path, ``u_mul_e``); only the rounding differs (the two factors
@@ -48,8 +49,8 @@ whole graph's :math:`d^{out}` would scale a source with many sampled-away out-ed
 little. ``"right"`` / ``"none"`` read only the batch's in-degrees, which are :math:`G_l`'s.
 
 Gather-free: a partial frontier's per-edge weights index the stored node table directly
-(no per-batch gather, no scaled copy of the table); a full layer's scaled table is
-``N × min(in, out)`` values while that layer runs.
+(no per-batch gather, no scaled copy of the table); a full layer's projected table is
+``N × out`` values (``out < in``) while that layer runs.
 """
 
 from __future__ import annotations
@@ -173,21 +174,28 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         return self.edge_values(batch)["edge_weight"]
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        """A full layer: ``c_out ⊙ x`` (times ``W`` when ``in > out``) once per layer."""
+        """A full layer: ``(c_out ⊙ x) W`` once per layer when ``in > out``; otherwise ``x``
+        is read in place with ``c_out[u]`` as each edge's factor (``x_u · c_out[u]``, the
+        products the scaled table would hold, without its ``[N, in]`` copy)."""
         conv = self.conv
         weight = conv.weight
-        projected = weight is not None and conv._in_feats > conv._out_feats
+        if weight is None or conv._in_feats <= conv._out_feats:
+            scale = self.source_norm(batch).to(x.device)[batch.src_index]
+            return self._aggregate(x, batch, projected=False, edge_scale=scale)
 
         def make() -> Tensor:
             t = _scale_rows(x, self.source_norm(batch).to(x.device))
-            return torch.matmul(t, weight) if projected else t
+            return torch.matmul(t, weight)
 
-        key = (batch.layer, batch.sampling, projected, (id(weight), getattr(weight, "_version", 0)))
+        key = (batch.layer, batch.sampling, (id(weight), getattr(weight, "_version", 0)))
         table = self._tables.get(x, key, batch, make)
-        return self._aggregate(table, batch, projected=projected)
+        return self._aggregate(table, batch, projected=True)
 
-    def _aggregate(self, src: Tensor, batch: LayerBatch, *, projected: bool) -> Tensor:
-        """DGL ``GraphConv.forward`` from the aggregation on: sum, ``W``, ``c_in``, bias, act."""
+    def _aggregate(
+        self, src: Tensor, batch: LayerBatch, *, projected: bool, edge_scale: Tensor | None = None
+    ) -> Tensor:
+        """DGL ``GraphConv.forward`` from the aggregation on: sum, ``W``, ``c_in``, bias, act
+        (``edge_scale``: a factor per edge, times the model's edge weights if any)."""
         import dgl
 
         conv = self.conv
@@ -199,6 +207,10 @@ class DGLGraphConvAdapter(DGLConvAdapter):
                 "invalid (GraphConv with allow_zero_in_degree=False)."
             )
         user = self._user_weight(batch)
+        if user is not None and edge_scale is not None:
+            user = edge_scale * user.to(edge_scale.dtype)
+        elif user is None:
+            user = edge_scale
         if user is None:
             rst = dgl.ops.copy_u_sum(block, src)
         else:  # DGL's u_mul_e with the model's weights; the norms stay unweighted degrees
