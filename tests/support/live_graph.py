@@ -19,6 +19,7 @@ from hopserve.worker.graph.live import MutationBatch
 __all__ = [
     "NaiveGraph",
     "build_store",
+    "edge_data_batch",
     "live_state",
     "random_batch",
     "stream_batch",
@@ -159,6 +160,21 @@ def random_batch(rng: random.Random, g: NaiveGraph, dim: int, *, key: str = "") 
         set_features=rows(len(set_ids)) if set_ids else None,
         idempotency_key=key,
     )
+
+
+def edge_data_batch(rng: random.Random, g: NaiveGraph, dim: int, d_e: int) -> MutationBatch:
+    """:func:`random_batch` whose added edges carry a weight and a feature row (width
+    ``d_e``) each, with a duplicate of an existing edge and a self-loop among them."""
+    batch = random_batch(rng, g, dim)
+    extra = [rng.choice(sorted(g.edges)), (rng.choice(g.ids),) * 2]
+    batch.add_src = np.concatenate([batch.add_src, [s for s, _ in extra]]).astype(np.int64)
+    batch.add_dst = np.concatenate([batch.add_dst, [d for _, d in extra]]).astype(np.int64)
+    k = batch.add_src.size
+    batch.add_edge_weight = np.array([rng.uniform(0.1, 3) for _ in range(k)], np.float32)
+    batch.add_edge_features = np.array(
+        [[rng.uniform(-2, 2) for _ in range(d_e)] for _ in range(k)], np.float32
+    ).reshape(k, d_e)
+    return batch
 
 
 def stream_batch(seed: int, seq: int, g: NaiveGraph, dim: int) -> MutationBatch:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.live_graph import NaiveGraph, random_batch
+from support.live_graph import NaiveGraph, edge_data_batch
 
 from hopserve.worker.graph import GraphStore
 from hopserve.worker.graph.live import InvalidUpdateError, LiveGraph, MutationBatch
@@ -63,22 +63,6 @@ def edge_rows(snap) -> dict[tuple[int, int], Counter]:
     return out
 
 
-def data_batch(rng: random.Random, g: NaiveGraph) -> MutationBatch:
-    """A random valid batch whose added edges carry a weight and a feature row each, with
-    a duplicate of an existing edge and a self-loop among them."""
-    batch = random_batch(rng, g, DIM)
-    pairs = sorted(g.edges)
-    extra = [rng.choice(pairs), (rng.choice(g.ids),) * 2]
-    batch.add_src = np.concatenate([batch.add_src, [s for s, _ in extra]]).astype(np.int64)
-    batch.add_dst = np.concatenate([batch.add_dst, [d for _, d in extra]]).astype(np.int64)
-    k = batch.add_src.size
-    batch.add_edge_weight = np.array([rng.uniform(0.1, 3) for _ in range(k)], np.float32)
-    batch.add_edge_features = np.array(
-        [[rng.uniform(-2, 2) for _ in range(D_E)] for _ in range(k)], np.float32
-    )
-    return batch
-
-
 def apply_naive(rows: dict, batch: MutationBatch) -> None:
     """The batch's meaning for the edge data (removals first: every copy goes)."""
     for s, d in zip(batch.remove_src.tolist(), batch.remove_dst.tolist(), strict=True):
@@ -107,7 +91,7 @@ def test_each_edge_keeps_its_data_through_batches(edata_dir):
     rng = random.Random(7)
     removed_with_data = 0
     for _ in range(12):
-        batch = data_batch(rng, g)
+        batch = edge_data_batch(rng, g, DIM, D_E)
         removed_with_data += batch.remove_src.size
         live.apply(batch)
         g.apply(batch)
@@ -127,7 +111,7 @@ def test_replay_compaction_and_catch_up_give_the_same_columns(edata_dir):
     g = NaiveGraph.of_snapshot(live.topology)
     rng = random.Random(11)
     for _ in range(5):
-        batch = data_batch(rng, g)
+        batch = edge_data_batch(rng, g, DIM, D_E)
         live.apply(batch)
         g.apply(batch)
     want = arrays(live.topology)
@@ -142,7 +126,7 @@ def test_replay_compaction_and_catch_up_give_the_same_columns(edata_dir):
     assert isinstance(compacted.topology.edge_weight, np.memmap)  # read from the new base
 
     for _ in range(3):  # more batches on the compacted base
-        batch = data_batch(rng, g)
+        batch = edge_data_batch(rng, g, DIM, D_E)
         live.apply(batch)
         g.apply(batch)
     want = arrays(live.topology)

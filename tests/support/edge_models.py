@@ -1,0 +1,23 @@
+"""Models that read the graph store's edge columns (for the living-graph edge data tests;
+entrypoints ``support.edge_models:<name>``)."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch_geometric.nn import GATConv, GATv2Conv
+
+__all__ = ["EdgeFeatureNet"]
+
+
+class EdgeFeatureNet(nn.Module):
+    """``GATConv`` then ``GATv2Conv``, both with ``edge_dim``: ``forward(x, edge_index,
+    edge_attr)``. (Convs that accept no ``edge_attr=None``, ``GINEConv``, cannot be loaded
+    into a worker yet: its output-width probe calls the model without edge data.)"""
+
+    def __init__(self, d_in: int, d_edge: int = 3, hidden: int = 16, d_out: int = 5) -> None:
+        super().__init__()
+        self.conv1 = GATConv(d_in, hidden, heads=2, concat=False, edge_dim=d_edge)
+        self.conv2 = GATv2Conv(hidden, d_out, heads=2, concat=False, edge_dim=d_edge)
+
+    def forward(self, x, edge_index, edge_attr=None):  # noqa: ANN001, ANN201
+        return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
