@@ -196,6 +196,8 @@ class AdminClientBase(EmbeddingClientBase):
         remove_edges: EdgesArg | None,
         set_features: NodeRowsArg | None,
         idempotency_key: str | None,
+        edge_weights: npt.ArrayLike | None = None,
+        edge_features: npt.ArrayLike | None = None,
     ) -> admin_pb2.UpdateGraphRequest:
         """The request of :meth:`AdminClient.update_graph` (checks every argument)."""
         request = admin_pb2.UpdateGraphRequest(model=check_model(model))
@@ -204,10 +206,16 @@ class AdminClientBase(EmbeddingClientBase):
             if value is not None:
                 getattr(request, name).CopyFrom(node_rows(name, value))
                 parts += 1
-        for name, value in (("add_edges", add_edges), ("remove_edges", remove_edges)):
-            if value is not None:
-                getattr(request, name).CopyFrom(edge_list(name, value))
-                parts += 1
+        if add_edges is None and (edge_weights is not None or edge_features is not None):
+            raise InvalidArgumentError("edge_weights / edge_features need add_edges")
+        if add_edges is not None:
+            request.add_edges.CopyFrom(
+                edge_list("add_edges", add_edges, edge_weights, edge_features)
+            )
+            parts += 1
+        if remove_edges is not None:
+            request.remove_edges.CopyFrom(edge_list("remove_edges", remove_edges))
+            parts += 1
         if not parts:
             raise InvalidArgumentError(
                 "update_graph needs at least one of add_nodes, add_edges, remove_edges, "
@@ -306,6 +314,8 @@ class AdminClient(AdminClientBase):
         remove_edges: EdgesArg | None = None,
         set_features: NodeRowsArg | None = None,
         idempotency_key: str | None = None,
+        edge_weights: npt.ArrayLike | None = None,
+        edge_features: npt.ArrayLike | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """Apply one atomic batch of mutations to the graph ``model`` serves.
@@ -323,6 +333,12 @@ class AdminClient(AdminClientBase):
             idempotency_key: At most 128 printable characters; a retry with the same key
                 answers the first outcome without applying the batch again (and makes
                 the call safe to retry automatically).
+            edge_weights: ``[len(src)]`` floats: the weight of each edge of ``add_edges``
+                (sent as float32). Required when the graph holds edge weights, refused
+                when it holds none.
+            edge_features: ``[len(src), d_e]`` floats: the feature row of each edge of
+                ``add_edges``; required (of the graph's width ``d_e``) when the graph holds
+                edge features, refused when it holds none. Removed edges need no data.
             timeout: Deadline in seconds; None uses the client's.
 
         Raises:
@@ -331,8 +347,9 @@ class AdminClient(AdminClientBase):
             HopserveError: anything else (UNIMPLEMENTED: graph updates are off).
         """
         request = self._update_request(
-            model, add_nodes, add_edges, remove_edges, set_features, idempotency_key
-        )
+            model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
+            edge_weights, edge_features,
+        )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = self._admin_call("UpdateGraph", request, deadline, idempotency_key is not None)
         return self._update_result(reply)
@@ -468,12 +485,15 @@ class AsyncAdminClient(AdminClientBase):
         remove_edges: EdgesArg | None = None,
         set_features: NodeRowsArg | None = None,
         idempotency_key: str | None = None,
+        edge_weights: npt.ArrayLike | None = None,
+        edge_features: npt.ArrayLike | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """See :meth:`AdminClient.update_graph`."""
         request = self._update_request(
-            model, add_nodes, add_edges, remove_edges, set_features, idempotency_key
-        )
+            model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
+            edge_weights, edge_features,
+        )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = await self._admin_call(
             "UpdateGraph", request, deadline, idempotency_key is not None
@@ -619,8 +639,14 @@ def node_rows(what: str, value: NodeRowsArg) -> pb.NodeRows:
     )
 
 
-def edge_list(what: str, value: EdgesArg) -> pb.EdgeList:
-    """``(src, dst)`` as a ``hopserve.v1.EdgeList``."""
+def edge_list(
+    what: str,
+    value: EdgesArg,
+    weights: npt.ArrayLike | None = None,
+    features: npt.ArrayLike | None = None,
+) -> pb.EdgeList:
+    """``(src, dst)`` as a ``hopserve.v1.EdgeList``, with the edges' ``weights`` ``[k]``
+    and ``features`` ``[k, d_e]`` as float32 packed bytes when given."""
     if not isinstance(value, tuple | list) or len(value) != 2:
         raise InvalidArgumentError(f"{what} must be a pair (src, dst), got {type(value).__name__}")
     src, dst = node_ids(f"{what} src", value[0]), node_ids(f"{what} dst", value[1])
@@ -628,7 +654,38 @@ def edge_list(what: str, value: EdgesArg) -> pb.EdgeList:
         raise InvalidArgumentError(f"{what}: {src.size} sources but {dst.size} destinations")
     if src.size == 0:
         raise InvalidArgumentError(f"{what}: no edges given")
-    return pb.EdgeList(src=src.tolist(), dst=dst.tolist())
+    out = pb.EdgeList(src=src.tolist(), dst=dst.tolist())
+    if weights is not None:
+        packed = _edge_values(f"{what} edge_weights", weights, (src.size,))
+        out.weights = packed.tobytes()
+    if features is not None:
+        packed = _edge_values(f"{what} edge_features", features, (src.size, None))
+        out.features, out.feature_dim = packed.tobytes(), int(packed.shape[1])
+    if weights is not None or features is not None:
+        out.dtype = pb.DTYPE_FLOAT32
+    return out
+
+
+def _edge_values(what: str, values: npt.ArrayLike, shape: tuple[int | None, ...]) -> np.ndarray:
+    """``values`` as float32 of ``shape`` (``None``: any width >= 1), finite."""
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: not array-like: {exc}") from None
+    want = [arr.shape[i] if n is None and i < arr.ndim else n for i, n in enumerate(shape)]
+    if arr.shape != tuple(want) or (len(shape) == 2 and arr.shape[1] < 1):
+        dims = ", ".join("d_e" if n is None else str(n) for n in shape)
+        raise InvalidArgumentError(f"{what}: shape {arr.shape}, expected [{dims}] (one per edge)")
+    if arr.dtype.kind not in "fiu":
+        raise InvalidArgumentError(f"{what} must be numbers, got dtype {arr.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+        packed = np.ascontiguousarray(arr, dtype=EMBEDDING_DTYPE)
+    bad = ~np.isfinite(packed.reshape(packed.shape[0], -1)).all(axis=1)
+    if bad.any():
+        raise InvalidArgumentError(
+            f"{what}: edge {int(np.flatnonzero(bad)[0])} is not finite in float32"
+        )
+    return packed
 
 
 def check_idempotency_key(key: str) -> str:

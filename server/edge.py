@@ -48,8 +48,8 @@ from hopserve.server.errors import (
     quote,
     to_status,
 )
+from hopserve.server.graphs import decode_edges, model_kind
 from hopserve.server.graphs import decode_rows as decode_node_rows
-from hopserve.server.graphs import model_kind
 from hopserve.server.metrics import Metrics
 from hopserve.server.models import ModelRegistry, ServedModel
 from hopserve.server.pipeline import ModelPipeline
@@ -665,7 +665,8 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
     if not request.HasField("delta"):
         return None
     delta = request.delta
-    if not (delta.add_nodes.node_ids or delta.add_edges.src or delta.add_edges.dst):
+    edges = delta.add_edges
+    if not (delta.add_nodes.node_ids or edges.src or edges.dst or edges.weights or edges.features):
         return None
     if model.live is None:
         raise InvalidRequestError(f"model {model.name!r} serves a graph that takes no delta")
@@ -673,11 +674,14 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
         raise InvalidRequestError("a request with a delta is exact only: drop the fanouts")
     dim = model.topology.feature_dim
     ids, rows = decode_node_rows(delta.add_nodes, dim, "delta.add_nodes")
+    src, dst, weights, edge_rows = decode_edges(delta.add_edges, "delta.add_edges")
     batch = MutationBatch(
         add_node_ids=ids,
         add_node_features=rows,
-        add_src=np.asarray(delta.add_edges.src, dtype=np.int64),
-        add_dst=np.asarray(delta.add_edges.dst, dtype=np.int64),
+        add_src=src,
+        add_dst=dst,
+        add_edge_weight=weights,
+        add_edge_features=edge_rows,
     )
     return DeltaResolver(model.name, batch, np.asarray(request.node_ids, dtype=np.int64))
 

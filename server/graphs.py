@@ -5,7 +5,7 @@ One :class:`GraphAdmin` per front-end handles the graph RPCs of
 (:class:`~hopserve.worker.graph.live.LiveGraph`, one per graph folder, shared with the
 in-process workers). An update, in order::
 
-    decode      packed ids and float32 rows → MutationBatch      bad bytes: INVALID_ARGUMENT
+    decode      packed ids, float32 rows and edge data → MutationBatch   bad bytes: INVALID_ARGUMENT
     track       every ready model on the graph registers its kind (layers, degree norm)
     apply       resolve whole → log append + fsync → next snapshot → stale-since marks
     answer      graph_seq, counts, rows invalidated; metrics
@@ -31,7 +31,7 @@ from hopserve.server.errors import InvalidRequestError, ModelNotReadyError, quot
 from hopserve.server.metrics import Metrics
 from hopserve.worker.graph.live import ApplyResult, InvalidUpdateError, LiveGraph, MutationBatch
 
-__all__ = ["COMPACT_AFTER_BATCHES", "GraphAdmin", "decode_rows", "model_kind"]
+__all__ = ["COMPACT_AFTER_BATCHES", "GraphAdmin", "decode_edges", "decode_rows", "model_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,55 @@ def decode_rows(rows: pb.NodeRows, dim: int, what: str) -> tuple[np.ndarray, np.
     except ValueError as err:
         raise InvalidRequestError(f"{what}: {err}") from None
     return ids, np.array(features, dtype=np.float32)
+
+
+def decode_edges(
+    edges: pb.EdgeList, what: str, *, data: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``(src, dst, weights [k] or None, features [k, feature_dim] or None)`` of an
+    ``EdgeList``; empty ``weights`` / ``features`` mean none. Whether the graph needs or
+    refuses them is :func:`~hopserve.worker.graph.live.mutations.resolve`'s to say.
+
+    Args:
+        data: Whether edge data may come with these edges (``False`` for edges to remove:
+            edge data there is refused, never ignored).
+
+    Raises:
+        InvalidRequestError: edge data where none is taken, a wrong dtype, or a byte
+            count that is not one value (weights) / row (features) per edge.
+    """
+    src = np.asarray(edges.src, dtype=np.int64)
+    dst = np.asarray(edges.dst, dtype=np.int64)
+    if not (edges.weights or edges.features):
+        return src, dst, None, None
+    if not data:
+        raise InvalidRequestError(
+            f"{what}: edge data (weights / features) is only taken for added edges; a "
+            "removed edge's data goes with it"
+        )
+    if edges.dtype != pb.DTYPE_FLOAT32:
+        raise InvalidRequestError(f"{what}: dtype must be DTYPE_FLOAT32 with weights or features")
+    k = int(src.size)
+    weights = features = None
+    if edges.weights:
+        size = len(edges.weights)
+        if size != 4 * k:
+            raise InvalidRequestError(
+                f"{what}.weights: {size} bytes for {k} edges (one float32 weight per edge: "
+                f"{4 * k} bytes)"
+            )
+        weights = np.frombuffer(edges.weights, dtype="<f4").astype(np.float32)
+    if edges.features:
+        dim = int(edges.feature_dim)
+        if dim < 1:
+            raise InvalidRequestError(f"{what}.feature_dim must be >= 1 with features, got {dim}")
+        try:
+            features = np.array(decode_embeddings(edges.features, k, dim), dtype=np.float32)
+        except ValueError as err:
+            raise InvalidRequestError(
+                f"{what}.features: not {k} rows of feature_dim {dim} ({err})"
+            ) from None
+    return src, dst, weights, features
 
 
 class GraphAdmin:
@@ -116,16 +165,22 @@ class GraphAdmin:
         dim = live.topology.feature_dim
         add_ids, add_rows = decode_rows(request.add_nodes, dim, "add_nodes")
         set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
+        remove_src, remove_dst, _, _ = decode_edges(
+            request.remove_edges, "remove_edges", data=False
+        )
+        add_src, add_dst, weights, edge_rows = decode_edges(request.add_edges, "add_edges")
         batch = MutationBatch(
             add_node_ids=add_ids,
             add_node_features=add_rows,
-            remove_src=np.asarray(request.remove_edges.src, dtype=np.int64),
-            remove_dst=np.asarray(request.remove_edges.dst, dtype=np.int64),
-            add_src=np.asarray(request.add_edges.src, dtype=np.int64),
-            add_dst=np.asarray(request.add_edges.dst, dtype=np.int64),
+            remove_src=remove_src,
+            remove_dst=remove_dst,
+            add_src=add_src,
+            add_dst=add_dst,
             set_node_ids=set_ids,
             set_features=set_rows,
             idempotency_key=request.idempotency_key,
+            add_edge_weight=weights,
+            add_edge_features=edge_rows,
         )
         self.track_ready(live)
         # A batch handed to its thread is applied whole even if the caller leaves: the

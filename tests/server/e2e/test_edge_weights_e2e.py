@@ -1,8 +1,8 @@
 """A GCN trained with edge weights, served end to end over gRPC from a graph store holding
 the weights: the answers equal the model's own weighted forward (and not the unweighted
 one); the same model on a graph without weights is refused at load naming the parameter;
-an update (or a cold-start request's delta) adding edges to the weighted graph is refused
-with INVALID_ARGUMENT."""
+an update (or a cold-start request's delta) adding edges without their weights is refused
+with INVALID_ARGUMENT (updates carrying edge data: test_edge_data_updates_e2e.py)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,10 @@ def test_weighted_gcn_served_over_grpc_equals_its_weighted_forward(weighted, sta
                 model="wgcn", add_edges=pb.EdgeList(src=[int(ids[0])], dst=[int(ids[1])]),
             ))  # fmt: skip
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "edge weights or edge features" in info.value.details()
+        assert "add_edges.weights" in info.value.details()
         graph_info = admin.GetGraph(admin_pb2.GetGraphRequest(model="wgcn"))
         assert graph_info.graph_seq == 0
-        # a cold-start request's own edges would carry no weights either
+        # a cold-start request's own edges need their weights too
         embed = embedding_pb2_grpc.EmbeddingServiceStub(channel)
         delta = pb.GraphDelta(add_edges=pb.EdgeList(src=[int(ids[2])], dst=[int(ids[4])]))
         with pytest.raises(grpc.RpcError) as info:
@@ -91,7 +91,7 @@ def test_weighted_gcn_served_over_grpc_equals_its_weighted_forward(weighted, sta
                 pb.GetEmbeddingsRequest(model="wgcn", node_ids=[int(ids[4])], delta=delta)
             )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "edge weights or edge features" in info.value.details()
+        assert "add_edges.weights" in info.value.details()
     with server.client() as client:  # still the weighted rows
         again = torch.from_numpy(client.get_embeddings("wgcn", ids).copy())
     assert_exact(again, want[rows], "after the refused update")
