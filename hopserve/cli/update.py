@@ -14,7 +14,12 @@ extension (``.ndjson``/``.jsonl``, else CSV):
 * nodes and features: CSV ``id,f0,f1,...`` (a header row is optional; the first column
   is the external node ID, the others its features), or NDJSON
   ``{"id": 7, "features": [0.1, 0.2]}`` per line;
-* edges: CSV ``src,dst`` (optional header), or NDJSON ``{"src": 7, "dst": 9}``.
+* edges: CSV ``src,dst`` (optional header), or NDJSON ``{"src": 7, "dst": 9}``;
+* edges to add to a graph holding edge data carry it as ingest's edge files do: CSV
+  ``src,dst,weight,f1,...,fk`` (``--edge-data weight``, the default) or
+  ``src,dst,f1,...,fk`` (``--edge-data features``), every row the same width; NDJSON
+  ``{"src": 7, "dst": 9, "weight": 0.5, "features": [0.1, 0.2]}``. Edges to remove take
+  no edge data.
 
 Empty lines and lines starting with ``#`` are skipped. A bad line is refused before
 anything is sent, naming the file, line and value. Needs a token with scope ``admin``.
@@ -47,7 +52,7 @@ from hopserve.cli.connect import (
 )
 from hopserve.client import AdminClient, HopserveError
 
-__all__ = ["InputFileError", "read_edges", "read_node_rows"]
+__all__ = ["InputFileError", "read_edges", "read_edges_with_data", "read_node_rows"]
 
 
 class InputFileError(ValueError):
@@ -87,15 +92,14 @@ def _int(path: Path, line: int, what: str, value: Any) -> int:
         raise InputFileError(f"{path}:{line}: {what} must be an integer, got {value!r}") from None
 
 
-def _float(path: Path, line: int, column: int, value: Any) -> float:
+def _float(path: Path, line: int, column: int | str, value: Any) -> float:
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number):
-        raise InputFileError(
-            f"{path}:{line}: feature {column} must be a finite number, got {value!r}"
-        )
+        what = column if isinstance(column, str) else f"feature {column}"
+        raise InputFileError(f"{path}:{line}: {what} must be a finite number, got {value!r}")
     return number
 
 
@@ -173,6 +177,8 @@ def read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
                     f'{path}:{n}: expected {{"src": ..., "dst": ...}}, got {record!r:.80}'
                 )
             a, b = record["src"], record["dst"]
+            if "weight" in record or "features" in record:
+                raise InputFileError(f"{path}:{n}: edges to remove take no edge data")
         else:
             if len(record) != 2:
                 raise InputFileError(f"{path}:{n}: expected 2 columns src,dst, got {len(record)}")
@@ -182,6 +188,69 @@ def read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not src:
         raise InputFileError(f"{path}: no edges")
     return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+EdgeData = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
+"""``(src, dst, weights [k] or None, features [k, d_e] or None)``."""
+
+
+def read_edges_with_data(path: Path, edge_data: str = "weight") -> EdgeData:
+    """The edges of an edges file with their edge data, if the file has any (see the
+    module docstring; ``edge_data``: what a CSV's extra columns are, ``"weight"`` or
+    ``"features"``).
+
+    Raises:
+        InputFileError: an unreadable file, a bad line (named), rows of unequal width,
+            or no edges.
+    """
+    src: list[int] = []
+    dst: list[int] = []
+    weights: list[float] = []
+    feats: list[list[float]] = []
+    shape = None  # (has a weight, feature count) of the first row; every row must match
+    for n, record in _records(path):
+        if _ndjson(path):
+            if not isinstance(record, dict) or "src" not in record or "dst" not in record:
+                raise InputFileError(
+                    f'{path}:{n}: expected {{"src": ..., "dst": ...}}, got {record!r:.80}'
+                )
+            a, b = record["src"], record["dst"]
+            w = record.get("weight")
+            f = record.get("features", [])
+            if not isinstance(f, list):
+                raise InputFileError(f"{path}:{n}: features must be a list, got {f!r:.80}")
+        else:
+            if len(record) < 2:
+                raise InputFileError(f"{path}:{n}: expected columns src,dst, got {len(record)}")
+            a, b, *extra = record
+            w, f = (extra[0], extra[1:]) if extra and edge_data == "weight" else (None, extra)
+        row = (w is not None, len(f))
+        if shape is None:
+            shape = row
+        elif row != shape:
+            raise InputFileError(
+                f"{path}:{n}: edge data {_describe(row)}, the first row {_describe(shape)}"
+            )
+        src.append(_int(path, n, "src", a))
+        dst.append(_int(path, n, "dst", b))
+        if w is not None:
+            weights.append(_float(path, n, "weight", w))
+        feats.append([_float(path, n, k, v) for k, v in enumerate(f)])
+    if not src:
+        raise InputFileError(f"{path}: no edges")
+    has_weight, width = shape
+    return (
+        np.asarray(src, dtype=np.int64),
+        np.asarray(dst, dtype=np.int64),
+        np.asarray(weights, dtype=np.float32) if has_weight else None,
+        np.asarray(feats, dtype=np.float32) if width else None,
+    )
+
+
+def _describe(shape: tuple[bool, int]) -> str:
+    weight, width = shape
+    parts = (["a weight"] if weight else []) + ([f"{width} features"] if width else [])
+    return " and ".join(parts) or "none"
 
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Server address, HOST:PORT.")]
@@ -195,8 +264,17 @@ def update_cmd(
         Path | None, typer.Option("--nodes", **_File, help="New nodes: CSV id,f0,... or NDJSON.")
     ] = None,
     edges: Annotated[
-        Path | None, typer.Option("--edges", **_File, help="Edges to add: CSV src,dst or NDJSON.")
+        Path | None,
+        typer.Option("--edges", **_File, help="Edges to add: CSV src,dst[,edge data] or NDJSON."),
     ] = None,
+    edge_data: Annotated[
+        str,
+        typer.Option(
+            "--edge-data",
+            help="What extra CSV columns of --edges are: 'weight' (the third column is the "
+            "weight, further ones features) or 'features' (all are features).",
+        ),
+    ] = "weight",
     remove_edges: Annotated[
         Path | None,
         typer.Option("--remove-edges", **_File, help="Edges to remove (every copy)."),
@@ -221,13 +299,17 @@ def update_cmd(
     """Apply one atomic batch of graph changes (prints the outcome as JSON)."""
     if not any((nodes, edges, remove_edges, features)):
         fail("give at least one of --nodes, --edges, --remove-edges, --features")
+    if edge_data not in ("weight", "features"):
+        fail(f"--edge-data must be 'weight' or 'features', got {edge_data!r}")
     try:
         batch = {
             "add_nodes": read_node_rows(nodes) if nodes else None,
-            "add_edges": read_edges(edges) if edges else None,
             "remove_edges": read_edges(remove_edges) if remove_edges else None,
             "set_features": read_node_rows(features) if features else None,
         }
+        if edges:
+            src, dst, weights, feats = read_edges_with_data(edges, edge_data)
+            batch |= {"add_edges": (src, dst), "edge_weights": weights, "edge_features": feats}
     except InputFileError as err:
         fail(str(err))
     options = client_options(tls, root_certs, client_cert, client_key, token, token_file)

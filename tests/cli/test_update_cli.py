@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from hopserve.cli import app
 from hopserve.cli.update import InputFileError, read_edges, read_node_rows
+from hopserve.proto.v1 import embedding_pb2 as pb
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -127,6 +128,57 @@ def test_update_sends_one_batch(cli, graphs: RecordingGraphs, tmp_path: Path) ->
     assert (list(request.remove_edges.src), list(request.remove_edges.dst)) == ([17], [27])
     assert list(request.set_features.node_ids) == [7]
     np.testing.assert_array_equal(np.frombuffer(request.set_features.features, "<f4"), [3, 4])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "mode", "weights", "features"),
+    [
+        ("e.csv", "src,dst,w,a,b\n1,2,0.5,1,2\n3,4,1.5,3,4\n", "weight", [0.5, 1.5],
+         [[1, 2], [3, 4]]),
+        ("e.csv", "1,2,0.5\n3,4,1.5\n", "weight", [0.5, 1.5], None),
+        ("e.csv", "1,2,0.5,7\n3,4,1.5,8\n", "features", None, [[0.5, 7], [1.5, 8]]),
+        ("e.ndjson", '{"src": 1, "dst": 2, "weight": 0.5, "features": [1, 2]}\n'
+         '{"src": 3, "dst": 4, "weight": 1.5, "features": [3, 4]}\n', "weight", [0.5, 1.5],
+         [[1, 2], [3, 4]]),
+    ],
+)  # fmt: skip
+def test_update_sends_edge_data(cli, graphs, tmp_path, name, text, mode, weights, features) -> None:  # noqa: ANN001
+    edges = write(tmp_path, name, text)
+    result = cli("update", "--model", "w", "--edges", str(edges), "--edge-data", mode)
+    assert result.exit_code == 0, result.output
+    (request,) = graphs.requests
+    sent = request.add_edges
+    assert (list(sent.src), list(sent.dst)) == ([1, 3], [2, 4])
+    assert sent.dtype == pb.DTYPE_FLOAT32
+    if weights is None:
+        assert sent.weights == b""
+    else:
+        np.testing.assert_array_equal(np.frombuffer(sent.weights, "<f4"), weights)
+    if features is None:
+        assert sent.features == b"" and sent.feature_dim == 0
+    else:
+        got = np.frombuffer(sent.features, "<f4").reshape(2, sent.feature_dim)
+        np.testing.assert_array_equal(got, features)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("e.csv", "1,2,0.5,1\n3,4,1.5\n", "e.csv:2: edge data a weight, the first row a weight and 1 features"),
+        ("e.csv", "1,2,nan\n", "e.csv:1: weight must be a finite number"),
+        ("e.ndjson", '{"src": 1, "dst": 2, "weight": 1}\n{"src": 3, "dst": 4}\n',
+         "e.ndjson:2: edge data none, the first row a weight"),
+    ],
+)  # fmt: skip
+def test_bad_edge_data_is_refused_before_sending(
+    cli, graphs, tmp_path, name, text, message
+) -> None:  # noqa: ANN001
+    result = cli("update", "--model", "w", "--edges", str(write(tmp_path, name, text)))
+    assert result.exit_code == 2 and message in result.output, result.output
+    gone = write(tmp_path, "gone.ndjson", '{"src": 1, "dst": 2, "weight": 1}\n')
+    result = cli("update", "--model", "w", "--remove-edges", str(gone))
+    assert result.exit_code == 2 and "edges to remove take no edge data" in result.output
+    assert graphs.requests == []
 
 
 def test_update_refuses_before_sending(cli, graphs: RecordingGraphs, tmp_path: Path) -> None:  # noqa: ANN001
