@@ -6,7 +6,9 @@ Record layout (little-endian)::
     seq     u64      graph sequence the batch creates
     length  u32      payload bytes
     crc     u32      CRC-32 of seq, length and payload
-    payload          :func:`~.mutations.encode` of the batch
+    payload          :func:`~.mutations.encode` of the batch; a batch carrying edge
+                     data ends in an edge trailer (weights / feature rows of its added
+                     edges), so records written before edge data existed decode unchanged
 
 :meth:`UpdateLog.append` writes one record and ``fsync`` s before returning: a batch is
 durable before it is acknowledged. A crash can leave at most one torn record at the end
