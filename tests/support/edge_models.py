@@ -4,15 +4,14 @@ entrypoints ``support.edge_models:<name>``)."""
 from __future__ import annotations
 
 from torch import nn
-from torch_geometric.nn import GATConv, GATv2Conv
+from torch_geometric.nn import GATConv, GATv2Conv, GINEConv
 
-__all__ = ["EdgeFeatureNet"]
+__all__ = ["EdgeFeatureNet", "GINENet"]
 
 
 class EdgeFeatureNet(nn.Module):
     """``GATConv`` then ``GATv2Conv``, both with ``edge_dim``: ``forward(x, edge_index,
-    edge_attr)``. (Convs that accept no ``edge_attr=None``, ``GINEConv``, cannot be loaded
-    into a worker yet: its output-width probe calls the model without edge data.)"""
+    edge_attr)``."""
 
     def __init__(self, d_in: int, d_edge: int = 3, hidden: int = 16, d_out: int = 5) -> None:
         super().__init__()
@@ -20,4 +19,18 @@ class EdgeFeatureNet(nn.Module):
         self.conv2 = GATv2Conv(hidden, d_out, heads=2, concat=False, edge_dim=d_edge)
 
     def forward(self, x, edge_index, edge_attr=None):  # noqa: ANN001, ANN201
+        return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
+
+
+class GINENet(nn.Module):
+    """Two ``GINEConv`` layers (``edge_dim``): ``forward(x, edge_index, edge_attr)``, which
+    cannot run without the edge features (no ``edge_attr=None`` default)."""
+
+    def __init__(self, d_in: int, d_edge: int = 3, hidden: int = 16, d_out: int = 5) -> None:
+        super().__init__()
+        mlp1 = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.conv1 = GINEConv(mlp1, edge_dim=d_edge)
+        self.conv2 = GINEConv(nn.Linear(hidden, d_out), edge_dim=d_edge)
+
+    def forward(self, x, edge_index, edge_attr):  # noqa: ANN001, ANN201
         return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)

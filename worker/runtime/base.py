@@ -500,12 +500,20 @@ def _output_dim(evaluator: Evaluator) -> int:
     """
     from hopserve.worker.convs.base import fresh_conv_caches
     from hopserve.worker.engine.nodewise import model_style
-    from hopserve.worker.trace.probe import call_model, probe_edge_index
+    from hopserve.worker.trace.probe import call_model, probe_edge_data, probe_edge_index
 
     split = getattr(evaluator, "split", None)
     style = split.style if split is not None else model_style(evaluator.model)
     ei, n = probe_edge_index(evaluator.model, style)
     x = torch.zeros(n, evaluator.graph.feature_dim, device=evaluator.device)
+    # A model whose convs need edge data (GINEConv's edge_attr, …) gets probe columns.
+    edge_args = split.edge_args if split is not None else getattr(evaluator, "edge_args", {})
+    features = evaluator.graph.edge_features
+    width = None if features is None else int(features.shape[1])
+    edge = probe_edge_data(edge_args, ei, width)
+    dev = evaluator.device
     with torch.no_grad(), fresh_conv_caches(evaluator.model):
-        out = call_model(evaluator.model, style, x, ei.to(evaluator.device))
+        out = call_model(
+            evaluator.model, style, x, ei.to(dev), {k: v.to(dev) for k, v in edge.items()}
+        )
     return int(out[0].numel()) if out.dim() > 1 else 1

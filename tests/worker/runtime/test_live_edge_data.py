@@ -3,7 +3,8 @@ batches whose added edges carry weights and feature rows (with removals of edges
 carry data, parallel edges and self-loops), a compaction, and a second worker process
 that catches up from the update log, every job equals a fresh model's own forward on the
 updated graph with its edge columns (``GCNConv`` with ``edge_weight``; ``GATConv`` and
-``GATv2Conv`` with ``edge_dim``, on ``edge_attr``)."""
+``GATv2Conv`` with ``edge_dim``, on ``edge_attr``; ``GINEConv``, which cannot run without
+it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from support import assert_exact
-from support.edge_models import EdgeFeatureNet
+from support.edge_models import EdgeFeatureNet, GINENet
 from support.live_graph import edge_data_batch, live_state
 from support.models import WeightedGCN
 
@@ -31,6 +32,7 @@ TESTS = Path(__file__).resolve().parents[2]
 FAMILIES = {
     "weighted_gcn": (lambda: WeightedGCN(DIM), "edge_weight"),
     "gat_edge_dim": (lambda: EdgeFeatureNet(DIM, D_E), "edge_features"),
+    "gine": (lambda: GINENet(DIM, D_E), "edge_features"),  # no edge_attr=None default
 }
 
 
@@ -143,7 +145,7 @@ def test_jobs_are_exact_through_updates_with_edge_data(family, graph_dir):
 WORKER_PROCESS = """
 import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[3])
-from support.edge_models import EdgeFeatureNet
+from support.edge_models import EdgeFeatureNet, GINENet
 from hopserve.config import EngineConfig
 from hopserve.proto.contract import Job
 from hopserve.worker.graph.live import open_live
