@@ -67,6 +67,7 @@ from hopserve.worker.convs.dgl_conv import (
     DGLConvAdapter,
     LayerTableCache,
     aggregate_first,
+    csr_weighted_sum,
     dgl_block,
     full_layer,
 )
@@ -213,6 +214,9 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             user = edge_scale
         if user is None:
             rst = dgl.ops.copy_u_sum(block, src)
+        elif src.dim() == 2:  # DGL's u_mul_e_sum, as a torch CSR SpMM (same sums)
+            size = (batch.num_dst, block.num_src_nodes())
+            rst = csr_weighted_sum(batch.indptr, batch.src_index, user.to(src.dtype), src, size)
         else:  # DGL's u_mul_e with the model's weights; the norms stay unweighted degrees
             e = user.to(src.dtype).reshape((-1,) + (1,) * (src.dim() - 1))
             rst = dgl.ops.u_mul_e_sum(block, src, e)
