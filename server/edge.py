@@ -419,6 +419,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         """
         if self._pending_rows + len(ids) > MAX_PENDING_WRITE_ROWS:
             logger.debug("cache write-back queue full: %d rows dropped", len(ids))
+            self.metrics.cache_writeback_dropped.labels(namespace.model).inc(len(ids))
             return
         self._pending_writes.setdefault((namespace, seq), []).append((ids, rows))
         self._pending_rows += len(ids)

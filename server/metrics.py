@@ -169,6 +169,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "nonfinite (NaN/Inf). Any increase means corruption or tampering in the cache.",
     ),
     MetricSpec(
+        "cache_writeback_dropped", "hopserve_cache_writeback_dropped_rows_total", "counter",
+        ("model",),
+        "Computed rows not written back to the cache because the write-behind queue was "
+        "full (a slow or hung cache); a later miss recomputes them.",
+    ),
+    MetricSpec(
         "cache_operation_duration", "hopserve_cache_operation_duration_seconds", "histogram",
         ("backend", "op"),
         "Duration of one successful cache backend round trip, in seconds; op is get, put "
@@ -302,6 +308,7 @@ class Metrics:
     cache_misses: Counter
     cache_errors: Counter
     cache_rejected: Counter
+    cache_writeback_dropped: Counter
     cache_operation_duration: Histogram
     cache_up: Gauge
     worker_device_memory: Gauge

@@ -354,9 +354,14 @@ def cache() -> Dashboard:
         (
             Panel("Errors/s",
                   (Query(or_zero(f"{errors}{{{M}}}", f"{misses}{{{M}}}", "model, backend"),
-                         "{{model}} {{backend}}"),),
-                  "Failed operations plus stored values rejected as corrupt; never fails a "
-                  "request.", unit="ops", width=8),
+                         "{{model}} {{backend}}"),
+                   Query(or_zero(f"hopserve_cache_writeback_dropped_rows_total{{{M}}}",
+                                 f"{misses}{{{M}}}", "model"),
+                         "{{model}} write-back rows dropped")),
+                  "Failed operations plus stored values rejected as corrupt (never fail a "
+                  "request), and computed rows not written back because the write-behind "
+                  "queue was full (a slow or hung cache; recomputed on a later miss).",
+                  unit="ops", width=8),
             Panel("Operation latency",
                   (Query(quantile(0.5, op, "", "backend, op"), "{{backend}} {{op}} p50"),
                    Query(quantile(0.99, op, "", "backend, op"), "{{backend}} {{op}} p99")),

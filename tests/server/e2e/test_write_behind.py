@@ -8,8 +8,9 @@ again the queue drains and takes rows again.
 Real redis-server (SIGSTOPped by ``redis_outage.pause()``: it accepts, never answers) and
 the real gRPC server of ``conftest.py``. The cap is lowered for the test: 200,000 rows
 would take hundreds of requests on the 300-node graph; the rule is the same. The edge
-keeps no counter of dropped rows (a DEBUG log line only), so the drops are read off Redis:
-the rows queued within the cap are written once Redis answers, the later ones never are.
+counts dropped rows (``hopserve_cache_writeback_dropped_rows_total``), and Redis shows
+them: the rows queued within the cap are written once Redis answers, the later ones never
+are.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def test_a_full_write_behind_queue_drops_new_rows_and_drains_when_redis_answers(
         drain()
         for _ in range(ATTEMPTS):
             redis.flushall()
+            dropped_before = _dropped(server)
             start = time.monotonic()
             redis_outage.pause()
             try:
@@ -67,6 +69,7 @@ def test_a_full_write_behind_queue_drops_new_rows_and_drains_when_redis_answers(
         else:
             pytest.fail(f"{ATTEMPTS} attempts each took over {TIMEOUT_S - 1} s to send 5 requests")
 
+        assert _dropped(server) - dropped_before == len(dropped)  # counted, by model
         drain()  # the hung write completes, then the queued rows go out
         assert redis.dbsize() == len(queued), "only the rows queued within the cap are written"
         again = client.get_embeddings_with_info(MODEL, dropped)
@@ -79,3 +82,7 @@ def test_a_full_write_behind_queue_drops_new_rows_and_drains_when_redis_answers(
         drain()  # the queue is empty again and takes new rows: those just recomputed
         assert redis.dbsize() == len(queued) + len(dropped)
         assert client.get_embeddings_with_info(MODEL, dropped).cache_hits == len(dropped)
+
+
+def _dropped(server) -> float:  # noqa: ANN001 - the conftest's running server
+    return server.sample("hopserve_cache_writeback_dropped_rows_total", model=MODEL) or 0.0
