@@ -56,6 +56,29 @@ def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_b
     assert table_builds == [(store.num_nodes, 5)], (table_builds, many)
 
 
+def test_gat_full_layers_read_a_once_per_layer_source_table(medium_graph, monkeypatch):
+    """GATConv (multi-head, residual): W x and the source logits once per full layer, each
+    batch reading them in place; partial frontiers gather and still agree."""
+    edge_index, x, store = medium_graph
+    model = build("gat", D_IN, seed=5)
+    want = DGL.forward(model, edge_index, x)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
+    sources: list[int] = []
+    real = LayerTableCache.get
+
+    def spy(self, x, key, batch, make):
+        return real(self, x, key, batch, lambda: sources.append(batch.layer) or make())
+
+    monkeypatch.setattr(LayerTableCache, "get", spy)
+    assert_exact(ev.evaluate(), want, "gat full")
+    layers = [ly for ly in ev.last_stats.layers if ly.layer > 0]
+    assert all(ly.gather_free and ly.batches > 1 for ly in layers), layers
+    assert sources == [1, 2]  # one source table per layer, not per batch
+    targets = torch.tensor([2999, 0, 17, 1500])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "gat partial")
+    assert not any(ly.gather_free for ly in ev.last_stats.layers)
+
+
 @pytest.mark.parametrize("family", ["gcn_both", "sage_mean"])
 def test_layer_tables_are_dropped_and_follow_weight_updates(family, medium_graph):
     edge_index, x, store = medium_graph

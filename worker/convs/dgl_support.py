@@ -51,6 +51,12 @@ def _graphconv(conv: nn.Module) -> ConvAdapter:
     return DGLGraphConvAdapter(conv)
 
 
+def _gat(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_gat import DGLGATAdapter
+
+    return DGLGATAdapter(conv)
+
+
 def _pna(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_pna import DGLPNAAdapter
 
@@ -67,7 +73,7 @@ ROWS: dict[str, tuple[str, object, str]] = {
     ),
     "GATConv": (
         "exact",
-        _block,
+        _gat,
         "multi-head, residual; edge softmax over all in-edges" + EDGE_DATA,
     ),
     "GATv2Conv": ("exact", _block, "multi-head, residual; edge softmax over all in-edges"),
