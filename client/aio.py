@@ -93,11 +93,13 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         add_nodes: NodeRowsArg | None = None,
         add_edges: EdgesArg | None = None,
         footprint: bool = False,
+        edge_weights: npt.ArrayLike | None = None,
+        edge_features: npt.ArrayLike | None = None,
     ) -> EmbeddingResult:
         """See :meth:`EmbeddingClient.get_embeddings_with_info`."""
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
-            add_nodes, add_edges, footprint,
+            add_nodes, add_edges, footprint, edge_weights, edge_features,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

@@ -95,12 +95,16 @@ class EmbeddingClient(EmbeddingClientBase):
         add_nodes: NodeRowsArg | None = None,
         add_edges: EdgesArg | None = None,
         footprint: bool = False,
+        edge_weights: npt.ArrayLike | None = None,
+        edge_features: npt.ArrayLike | None = None,
     ) -> EmbeddingResult:
         """Like :meth:`get_embeddings`, plus versions, server timing and cache hits.
 
         ``add_nodes=(ids, features)`` and ``add_edges=(src, dst)`` are a request-scoped
         graph delta (cold start): rows are exact for graph + delta, nothing is stored or
-        cached, and the new IDs may be asked for. ``footprint=True`` answers, per row, what
+        cached, and the new IDs may be asked for. On a graph with edge columns the added
+        edges carry ``edge_weights`` ``[len(src)]`` / ``edge_features`` ``[len(src), d_e]``
+        (as :meth:`AdminClient.update_graph`). ``footprint=True`` answers, per row, what
         computing it touched (:class:`Footprint`).
 
         Calls over ``max_nodes_per_request`` IDs run as consecutive GetEmbeddings RPCs
@@ -108,7 +112,7 @@ class EmbeddingClient(EmbeddingClientBase):
         """
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
-            add_nodes, add_edges, footprint,
+            add_nodes, add_edges, footprint, edge_weights, edge_features,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

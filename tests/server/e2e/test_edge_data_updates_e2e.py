@@ -22,7 +22,7 @@ from support.edge_models import EdgeFeatureNet
 from support.models import GraphSAGE, WeightedGCN
 
 from hopserve import GraphStore
-from hopserve.client import AdminClient, InvalidArgumentError
+from hopserve.client import AdminClient, EmbeddingClient, InvalidArgumentError
 from hopserve.config import HopserveConfig
 from hopserve.proto.v1 import admin_pb2, admin_pb2_grpc, embedding_pb2_grpc
 from hopserve.proto.v1 import embedding_pb2 as pb
@@ -180,6 +180,16 @@ def test_updates_with_edge_data_are_served_exactly(served):
             )
             got = np.frombuffer(reply.embeddings, "<f4").reshape(len(asked), -1)
             assert_exact(torch.from_numpy(got.copy()), with_delta.forward(name, asked), name)
+    with EmbeddingClient(server.target, timeout=30) as client:  # the same delta, SDK-built
+        for name in ("wgcn", "gat"):
+            got = client.get_embeddings_with_info(
+                name, asked, add_nodes=([77_777], np.ones((1, FEATURES), np.float32)),
+                add_edges=([int(ids[5]), 77_777], [77_777, int(ids[6])]),
+                edge_weights=w, edge_features=f,
+            ).embeddings  # fmt: skip
+            assert_exact(torch.from_numpy(got), with_delta.forward(name, asked), f"{name} SDK")
+        with pytest.raises(InvalidArgumentError, match="need add_edges"):
+            client.get_embeddings_with_info("wgcn", asked, edge_weights=w)
     _exact(server, oracle, targets, "after the delta (nothing stored)")
 
 
