@@ -130,3 +130,27 @@ def test_registered_user_dgl_conv_runs_exactly(store):
     ev = LayerwiseEvaluator(model, st, init_batch_nodes=9, progress=False)
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(dgl_graph(ei, x.shape[0]), x), "registered DGL conv")
+
+
+def test_a_dgl_model_never_imports_pyg():
+    """PyG's rows load only once ``torch_geometric`` is imported (a model holding a PyG
+    module has imported it): a DGL-only worker does not pay for importing PyG."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch, dgl.nn as dglnn
+from torch import nn
+from hopserve import GraphStore, LayerwiseEvaluator
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = dglnn.GraphConv(4, 8), dglnn.SAGEConv(8, 3, "mean")
+    def forward(self, g, x):
+        return self.c2(g, self.c1(g, x).relu())
+store = GraphStore.from_edge_index(torch.randint(0, 50, (2, 300)), torch.randn(50, 4))
+LayerwiseEvaluator(M().eval(), store, progress=False).evaluate()
+assert "torch_geometric" not in sys.modules, "PyG was imported"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -134,9 +134,14 @@ def _graph_first(cls: type) -> bool:
     return bool(params) and params[0] in ("graph", "g", "block")
 
 
-def _load_builtins() -> None:
+def _load_builtins(import_pyg: bool = False) -> None:
+    """Add PyG's rows once ``torch_geometric`` is imported (by the user's model, or here on
+    request): a model holding a PyG module has imported it, and a DGL-only process need
+    not pay for importing PyG (about 60 MB of modules)."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
+        return
+    if "torch_geometric" not in sys.modules and not import_pyg:
         return
     _BUILTINS_LOADED = True
     try:
@@ -148,12 +153,25 @@ def _load_builtins() -> None:
     _add_rows(pyg, ROWS, EARLY)
 
 
+def _pyg_module(name: str) -> type | None:
+    """``torch_geometric.nn.<name>`` if PyG is already imported (else no module of the
+    model can be one)."""
+    if "torch_geometric" not in sys.modules:
+        return None
+    try:
+        import torch_geometric.nn as pyg_nn
+    except ImportError:
+        return None
+    return getattr(pyg_nn, name, None)
+
+
 def _add_rows(module: object, rows: dict, early: tuple[str, ...]) -> None:
     """Rows ``{name: (status, factory, note)}`` of ``module``'s classes (a class missing
-    from the installed release is skipped); ``early`` ones are refused before tracing."""
+    from the installed release is skipped, one the user registered keeps its entry);
+    ``early`` ones are refused before tracing."""
     for name, (status, factory, note) in rows.items():
         cls = getattr(module, name, None)
-        if cls is None:
+        if cls is None or cls in _MATRIX:
             continue
         _MATRIX[cls] = ConvSupport(status, factory, note)
         if name in early:
@@ -220,7 +238,7 @@ def support_matrix() -> dict[str, tuple[Status, str]]:
     DGL classes (listed when ``dgl`` imports) are keyed ``dgl.<Name>`` so they do not
     collide with PyG's classes of the same name.
     """
-    _load_builtins()
+    _load_builtins(import_pyg=True)
     _load_dgl_builtins(import_dgl=True)
     return {
         (f"dgl.{cls.__name__}" if _is_dgl_class(cls) else cls.__name__): (s.status, s.note)
@@ -236,11 +254,8 @@ def is_conv_module(module: nn.Module) -> bool:
         return True
     if any(c.__module__.startswith("dgl.nn.pytorch.conv") for c in type(module).__mro__):
         return True
-    try:
-        from torch_geometric.nn import MessagePassing
-    except ImportError:
-        return False
-    return isinstance(module, MessagePassing)
+    message_passing = _pyg_module("MessagePassing")
+    return message_passing is not None and isinstance(module, message_passing)
 
 
 def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:

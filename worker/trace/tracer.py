@@ -42,12 +42,9 @@ class ModelTraceError(ValueError):
 def _leaf_types() -> tuple[type, ...]:
     """Node-wise PyG / DGL modules whose forward fx cannot or need not trace into."""
     leaves: tuple[type, ...] = ()
-    try:
-        from torch_geometric.nn import JumpingKnowledge
-    except ImportError:
-        pass
-    else:
-        leaves += (JumpingKnowledge,)
+    pyg_nn = sys.modules.get("torch_geometric.nn")  # only when the model's code imported PyG
+    if getattr(pyg_nn, "JumpingKnowledge", None) is not None:
+        leaves += (pyg_nn.JumpingKnowledge,)
     dglnn = sys.modules.get("dgl.nn.pytorch")  # only when the model's code imported DGL
     if getattr(dglnn, "JumpingKnowledge", None) is not None:
         leaves += (dglnn.JumpingKnowledge,)

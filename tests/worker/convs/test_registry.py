@@ -103,3 +103,21 @@ def test_registering_a_conv_that_takes_one_tensor_runs_it_square(monkeypatch):
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=7, progress=False)
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(x, edge_index), "registered PNAConv")
+
+
+def test_a_registration_made_before_the_builtins_load_is_kept():
+    """``register_conv`` of a class the matrix refuses, in a fresh process before anything
+    loaded PyG's rows: the user's entry wins when they load."""
+    import subprocess
+    import sys
+
+    code = """
+import torch_geometric.nn as pyg
+import hopserve
+from hopserve.worker.convs import adapter_for, support_matrix
+hopserve.register_conv(pyg.LEConv, note="mine")
+adapter_for(pyg.LEConv(4, 4), "conv")  # loads the builtin rows; not refused
+assert support_matrix()["LEConv"] == ("exact", "mine"), support_matrix()["LEConv"]
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
