@@ -20,6 +20,8 @@ gather: a few rows must not pay for the whole table.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -36,6 +38,7 @@ from hopserve.worker.convs.dgl_conv import (
 __all__ = ["DGLGATAdapter"]
 
 
+@functools.cache
 def _gat_forward():  # noqa: ANN202 - the class's forward, to tell overrides apart
     from dgl.nn.pytorch import GATConv
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from torch import Tensor
 
@@ -41,12 +42,11 @@ class LayerTableCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entry: tuple[weakref.ref, int, Hashable, Tensor] | None = None
+        self._entry: tuple[weakref.ref, int, Hashable, Any] | None = None
 
-    def get(
-        self, x: Tensor, key: Hashable, batch: LayerBatch, make: Callable[[], Tensor]
-    ) -> Tensor:
-        """The table for ``(x, key)``, made by ``make()`` on a miss."""
+    def get(self, x: Tensor, key: Hashable, batch: LayerBatch, make: Callable[[], Any]) -> Any:
+        """The table for ``(x, key)``, made by ``make()`` on a miss (a tensor, or a tuple of
+        tensors derived together)."""
         with self._lock:
             e = self._entry
             hit = e is not None and e[0]() is x and e[1] == x._version and e[2] == key

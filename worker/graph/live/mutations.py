@@ -23,6 +23,7 @@ decode unchanged (no trailer: no edge data).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,12 +183,19 @@ def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
         )
     if arr.dtype.kind != "f":
         raise InvalidUpdateError(f"{what}: features must be floating point, got {arr.dtype}")
-    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused below
+    return _finite_float32(arr, lambda i: f"{what}[{i}]: features hold NaN or Inf")
+
+
+def _finite_float32(arr: np.ndarray, message: Callable[[int], str]) -> np.ndarray:
+    """``arr`` as contiguous float32, refused with ``message(i)`` at the first row ``i``
+    holding NaN or Inf (values beyond float32's range become Inf, so they are refused too)."""
+    with np.errstate(over="ignore", invalid="ignore"):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-    bad = ~np.isfinite(arr).all(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidUpdateError(f"{what}[{i}]: features hold NaN or Inf")
+    finite = np.isfinite(arr)
+    if arr.ndim > 1:
+        finite = finite.all(axis=tuple(range(1, arr.ndim)))
+    if not finite.all():
+        raise InvalidUpdateError(message(int(np.flatnonzero(~finite)[0])))
     return arr
 
 
@@ -216,13 +224,9 @@ def _edge_weight(values: object, graph, n: int) -> np.ndarray | None:  # noqa: A
         )
     if arr.size and arr.dtype.kind not in "fiu":
         raise InvalidUpdateError(f"add_edges.weights: must be numbers, got {arr.dtype}")
-    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused below
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidUpdateError(f"add_edges.weights[{i}]: the weight of edge {i} is NaN or Inf")
-    return arr
+    return _finite_float32(
+        arr, lambda i: f"add_edges.weights[{i}]: the weight of edge {i} is NaN or Inf"
+    )
 
 
 def _edge_features(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN001
@@ -261,15 +265,9 @@ def _edge_features(values: object, graph, n: int) -> np.ndarray | None:  # noqa:
         )
     if arr.size and arr.dtype.kind not in "fiu":
         raise InvalidUpdateError(f"add_edges.features: must be numbers, got {arr.dtype}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-    bad = ~np.isfinite(arr).all(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidUpdateError(
-            f"add_edges.features[{i}]: the features of edge {i} hold NaN or Inf"
-        )
-    return arr
+    return _finite_float32(
+        arr, lambda i: f"add_edges.features[{i}]: the features of edge {i} hold NaN or Inf"
+    )
 
 
 def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
