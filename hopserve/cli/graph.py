@@ -151,6 +151,17 @@ def ingest_cmd(
             "edge_index, edge_weight / edge_attr) is served with them.",
         ),
     ] = EdgeData.weight,
+    relation_column: Annotated[
+        bool,
+        typer.Option(
+            "--relation-column",
+            help="The 3rd column of a text/.npy edge file is the edge's integer relation "
+            "id; edge data columns follow it (src,dst,relation[,weight,...]). .npz "
+            "(edge_type / relation arrays) and .parquet (a relation / edge_type / etype "
+            "column, ids or names) need no flag. A model's forward(x, edge_index, "
+            "edge_type) (RGCNConv, RelGraphConv's etypes) is served with them.",
+        ),
+    ] = False,
     features: Annotated[
         Path | None, typer.Option("--features", help="Node features .npy [N, F].")
     ] = None,
@@ -248,6 +259,7 @@ def ingest_cmd(
             overwrite=force,
             progress=progress,
             edge_data=edge_data.value,
+            relation_column=relation_column,
         )
     )
     typer.echo(f"wrote {out}: {result.store!r}")

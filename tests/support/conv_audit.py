@@ -36,6 +36,7 @@ from support import assert_exact, random_edge_index
 
 D_IN, HIDDEN, D_OUT = 6, 8, 4
 D_EDGE = 3  # edge feature width of the audit graph
+RELATIONS = 3  # relations of the audit graph's typed edges (edge_type)
 NUM_NODES, NUM_EDGES = 24, 60
 TARGETS = (NUM_NODES - 1, 0, 5, 5, 11)  # the isolated last node and a duplicate
 BATCH_NODES = 4
@@ -55,9 +56,10 @@ class Case:
         history: the conv reads the stack of earlier layers' outputs ``[N, L, C]``
             (``DNAConv``).
         edge: the conv's parameter taking edge data (``"edge_weight"``: the graph's edge
-            weights; any other name, e.g. ``"edge_attr"``: its ``[E, edge_dim]`` edge
+            weights; ``"edge_type"`` / ``"etypes"``: its relation ids, ``RELATIONS``
+            relations; any other name, e.g. ``"edge_attr"``: its ``[E, edge_dim]`` edge
             features), passed by a model whose ``forward`` takes ``edge_weight`` /
-            ``edge_attr`` (DGL: ``efeat``); ``""``: none.
+            ``edge_type`` / ``edge_attr`` (DGL: ``efeat``); ``""``: none.
     """
 
     build: Builder
@@ -157,10 +159,23 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "SSGConv": (Case(_c(alpha=0.1, K=2)),),
     "APPNP": (Case(_same(K=2, alpha=0.1), same_width=True),),
     "MFConv": (Case(_c(max_degree=4)),),
-    "RGCNConv": (Case(_c(num_relations=2)),),
-    "FastRGCNConv": (Case(_c(num_relations=2)),),
-    "CuGraphRGCNConv": (Case(_c(num_relations=2)),),
-    "RGATConv": (Case(_c(num_relations=2)),),
+    "RGCNConv": (
+        Case(_c(num_relations=RELATIONS), edge="edge_type"),
+        Case(_c(num_relations=RELATIONS, num_bases=2, aggr="add"), "bases, sum", edge="edge_type"),
+        Case(_c(num_relations=RELATIONS, num_blocks=2), "blocks", edge="edge_type"),
+    ),
+    "FastRGCNConv": (Case(_c(num_relations=RELATIONS), edge="edge_type"),),
+    "CuGraphRGCNConv": (Case(_c(num_relations=RELATIONS), edge="edge_type"),),
+    "RGATConv": (
+        Case(_c(num_relations=RELATIONS), edge="edge_type"),
+        Case(
+            _c(num_relations=RELATIONS, attention_mechanism="within-relation"),
+            "within-relation",
+            edge="edge_type",
+        ),
+        # not mod="scaled": PyG 2.8's reset_parameters leaves its l2 uninitialized
+        # (torch.full's result is dropped), so its own forward is garbage, NaN at times
+    ),
     "SignedConv": (Case(_c(first_aggr=True)),),
     "DNAConv": (Case(lambda cls, i, o: cls(i, heads=2), same_width=True, history=True),),
     "PointNetConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 3, o))),),
@@ -208,7 +223,10 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "PANConv": (Case(_c(filter_size=2)),),
     "WLConv": (Case(_same(), same_width=True),),
     "WLConvContinuous": (Case(_same(), same_width=True),),
-    "FiLMConv": (Case(_c()), Case(_c(num_relations=2), "num_relations=2")),
+    "FiLMConv": (
+        Case(_c()),
+        Case(_c(num_relations=RELATIONS), f"num_relations={RELATIONS}", edge="edge_type"),
+    ),
     "SuperGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
     "FAConv": (Case(lambda cls, i, o: cls(i), same_width=True),),
     "EGConv": (
@@ -292,7 +310,7 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     "CFConv": (Case(lambda cls, i, o: cls(i, 3, 8, o), edge="edge_feats"),),
     "ChebConv": (Case(_c(k=2)),),
     "CuGraphGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
-    "CuGraphRelGraphConv": (Case(_c(num_rels=2)),),
+    "CuGraphRelGraphConv": (Case(_c(num_rels=RELATIONS), edge="etypes"),),
     "CuGraphSAGEConv": (Case(_c()),),
     "DenseChebConv": (Case(_c(k=2)),),
     "DenseGraphConv": (Case(_c()),),
@@ -341,7 +359,15 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
             edge="edge_feat",
         ),
     ),
-    "RelGraphConv": (Case(_c(num_rels=2)),),
+    "RelGraphConv": (
+        Case(_c(num_rels=RELATIONS), edge="etypes"),
+        Case(
+            _c(num_rels=RELATIONS, regularizer="basis", num_bases=2, self_loop=False),
+            "basis",
+            edge="etypes",
+        ),
+        Case(_c(num_rels=RELATIONS, regularizer="bdd", num_bases=2), "bdd", edge="etypes"),
+    ),
     "SAGEConv": (Case(_c(aggregator_type="mean")), Case(_c(aggregator_type="pool"), "pool")),
     "SGConv": (Case(_c(k=2)),),
     "TAGConv": (Case(_c(k=2)),),
@@ -420,6 +446,30 @@ class PyGEdgeAttrTwoConvs(nn.Module):
         return self.conv2(h, edge_index, **{self.param: edge_attr}).flatten(1)
 
 
+class PyGTypedTwoConvs(nn.Module):
+    """``conv2(relu(conv1(inp(x), t)), t)`` with the graph's relation ids, PyG style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, x, edge_index, edge_type):
+        h = self.conv1(self.inp(x), edge_index, **{self.param: edge_type}).flatten(1).relu()
+        return self.conv2(h, edge_index, **{self.param: edge_type}).flatten(1)
+
+
+class DGLTypedTwoConvs(nn.Module):
+    """``conv2(g, relu(conv1(g, inp(x), t)), t)`` with the graph's relation ids, DGL style."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, param: str) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.param = inp, conv1, conv2, param
+
+    def forward(self, g, x, etype):
+        h = self.conv1(g, self.inp(x), **{self.param: etype}).flatten(1).relu()
+        return self.conv2(g, h, **{self.param: etype}).flatten(1)
+
+
 class PyGHistory(nn.Module):
     """Convs reading the stack of earlier representations ``[N, L, C]`` (DNAConv's use)."""
 
@@ -485,6 +535,9 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
     else:
         inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
+    if case.edge in TYPE_PARAMS:
+        typed = DGLTypedTwoConvs if library == "dgl" else PyGTypedTwoConvs
+        return typed(conv1, conv2, inp, case.edge).eval()
     if case.edge:
         weighted = case.edge == "edge_weight"
         if library == "dgl" and not weighted:
@@ -514,10 +567,19 @@ def audit_graph(library: str) -> tuple[torch.Tensor, torch.Tensor]:
     return edge_index, x
 
 
+TYPE_PARAMS = ("edge_type", "etypes")
+"""Conv parameters taking relation ids (PyG ``edge_type``, DGL ``etypes``)."""
+
+
 def audit_edge_data(num_edges: int, dim: int = D_EDGE) -> tuple[torch.Tensor, torch.Tensor]:
     """``(edge_weight [E], edge_features [E, dim])`` of the audit graph (positive weights)."""
     gen = torch.Generator().manual_seed(7)
     return torch.rand(num_edges, generator=gen) + 0.5, torch.randn(num_edges, dim, generator=gen)
+
+
+def audit_edge_types(num_edges: int, relations: int = RELATIONS) -> torch.Tensor:
+    """``edge_type [E]``: a relation id per edge of the audit graph, ``0..relations-1``."""
+    return torch.randint(0, relations, (num_edges,), generator=torch.Generator().manual_seed(8))
 
 
 def _full_graph(library: str, edge_index: torch.Tensor) -> object:
@@ -555,7 +617,9 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     edge_index, x = audit_graph(library)
     weight, edge_feats = audit_edge_data(edge_index.shape[1], case.edge_dim)
     edge = {}
-    if case.edge:  # the model's edge data argument, and the store's column
+    if case.edge in TYPE_PARAMS:
+        edge = {"edge_type": audit_edge_types(edge_index.shape[1])}
+    elif case.edge:  # the model's edge data argument, and the store's column
         edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
     store = GraphStore.from_edge_index(edge_index, x, **edge)
     try:

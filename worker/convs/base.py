@@ -164,16 +164,21 @@ class EdgeInput:
 
     param: str  # the conv forward's parameter (e.g. ``edge_weight``, ``edge_attr``)
     arg: str  # the model forward's argument passed to it
-    column: str  # ``"weight"`` (``GraphStore.edge_weight``) or ``"features"``
+    column: str  # ``"weight"`` (``GraphStore.edge_weight``), ``"features"`` or ``"type"``
 
 
-_COLUMN_ATTRS = {"weight": "edge_weight", "features": "edge_features"}
 DEVICE_COLUMN_MAX_BYTES = 1 << 30
 """Edge columns up to this size are copied to an accelerator once per graph."""
 
 
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def served_edge_values(column: str, values: Tensor) -> Tensor:
+    """A column's rows as a conv takes them: relation ids (int16 in the store) as int64,
+    which every typed-edge conv indexes its per-relation weights with."""
+    return values.long() if column == "type" else values
 
 
 class ConvAdapter(nn.Module):
@@ -201,6 +206,7 @@ class ConvAdapter(nn.Module):
         self.model_edge_args: dict[str, str] = {}  # the model's edge data args -> column
         self.model_name = "model"
         self.edge_feature_dim: int | None = None  # width the conv expects (features)
+        self.num_relations: int | None = None  # relations the typed-edge convs have weights for
         self._edge_key: object | None = None
         self._edge_columns: dict[str, Tensor] = {}
         self._edge_on_device: dict[tuple[str, str], Tensor] = {}
@@ -231,11 +237,15 @@ class ConvAdapter(nn.Module):
         key = (id(graph), getattr(graph, "version", None))
         if key == self._edge_key:
             return
-        from hopserve.worker.trace.tracer import ModelTraceError, missing_edge_data_message
+        from hopserve.worker.trace.tracer import (
+            EDGE_COLUMNS,
+            ModelTraceError,
+            missing_edge_data_message,
+        )
 
         columns: dict[str, Tensor] = {}
         for arg, column in self.model_edge_args.items():
-            value = getattr(graph, _COLUMN_ATTRS[column], None)
+            value = getattr(graph, EDGE_COLUMNS[column], None)
             if value is None:
                 raise ModelTraceError(missing_edge_data_message(self.model_name, arg, column))
             columns[column] = value
@@ -246,6 +256,15 @@ class ConvAdapter(nn.Module):
                 f"the graph's edge features are {int(feats.shape[1])} wide, but "
                 f"{self.model_name}'s conv ({type(self.conv).__name__}) expects {want} "
                 "(check the model's edge_dim, or the graph the config names)"
+            )
+        relations = getattr(graph, "relations", None) or []
+        want = self.num_relations
+        if "type" in columns and want is not None and len(relations) > want:
+            raise ModelTraceError(
+                f"the graph has {len(relations)} relations ({', '.join(relations[:8])}"
+                f"{', ...' if len(relations) > 8 else ''}), but {self.model_name}'s conv "
+                f"({type(self.conv).__name__}) has weights for {want} (check the "
+                "model's num_relations, or the graph the config names)"
             )
         with self._edge_lock:
             self._edge_columns = columns
@@ -264,9 +283,10 @@ class ConvAdapter(nn.Module):
         for inp in self.edge_inputs:
             host = self._edge_columns[inp.column]
             if ids.device.type != "cpu" and _nbytes(host) > DEVICE_COLUMN_MAX_BYTES:
-                out[inp.param] = host[ids.cpu()].to(ids.device, non_blocking=True)
+                rows = host[ids.cpu()].to(ids.device, non_blocking=True)
             else:
-                out[inp.param] = self._edge_column(inp.column, ids.device)[ids]
+                rows = self._edge_column(inp.column, ids.device)[ids]
+            out[inp.param] = served_edge_values(inp.column, rows)
         return out
 
     def _edge_column(self, column: str, device: torch.device) -> Tensor:

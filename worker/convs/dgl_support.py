@@ -113,7 +113,12 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "chains its inner conv over feature groups (one hop per group inside one module)",
     ),
     # -- refused: edge data, coordinates, relations
-    "RelGraphConv": ("refused", None, "needs per-edge relation types; the graph store has none"),
+    "RelGraphConv": (
+        "exact",
+        _block,
+        "per-relation typed linear messages, summed; relation ids (etypes) from the graph "
+        "store's edge_type column",
+    ),
     "GINEConv": ("exact", _block, "sum of relu(x_j + e_ij) over in-edges" + EDGE_DATA),
     "NNConv": ("exact", _block, "edge-conditioned weights per in-edge" + EDGE_DATA),
     "GMMConv": (

@@ -16,18 +16,25 @@ Edge data (the graph store's ``edge_weight`` / ``edge_features``): convs whose f
 takes ``edge_weight`` or ``edge_attr`` get the rows of their batch's edges when the
 model passes its ``edge_weight`` / ``edge_attr`` argument (:mod:`.message_passing`;
 GCN-normalized ones through :mod:`.gcn`). Some rows depend on how the conv was built
-(``FiLMConv(num_relations > 1)`` needs edge types): their factory refuses such
+(a GCN-normalized conv called with data it cannot take): their factory refuses such
 instances with an :class:`~.base.UnsupportedConvError` whose ``reason`` the matrix shows.
+
+Typed edges (the store's ``edge_type`` column, relation ids): ``RGCNConv``,
+``FastRGCNConv``, ``RGATConv`` and ``FiLMConv(num_relations > 1)`` get the relation id
+of each batch edge when the model passes its ``edge_type`` argument. Each aggregates per
+destination (a per-relation mean or sum, an attention softmax over the destination's
+in-edges, within or across relations), so a batch holding every in-edge of its
+destinations is exact.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from hopserve.worker.convs.base import ConvAdapter, UnsupportedConvError
+from hopserve.worker.convs.base import ConvAdapter
 
 EDGE_DATA = "; edge data from the graph store's edge columns"
-EDGE_TYPES = "needs per-edge relation types (edge_type); the graph store has no edge types yet"
+EDGE_TYPES = "; relation ids (edge_type) from the graph store's edge_type column"
 HETERO = (
     "runs on a heterogeneous graph (per-type node features and relations); hopserve's "
     "graph store is homogeneous. Convert with HeteroData.to_homogeneous and a homogeneous "
@@ -62,12 +69,6 @@ def _square(conv: nn.Module) -> ConvAdapter:
 def _simple(conv: nn.Module) -> ConvAdapter:
     """``SimpleConv``: ``combine_root="self_loop"`` adds loops, so it needs a square batch."""
     return _square(conv) if conv.combine_root == "self_loop" else _pair(conv)
-
-
-def _film(conv: nn.Module) -> ConvAdapter:
-    if conv.num_relations > 1:
-        raise UnsupportedConvError(f"num_relations={conv.num_relations}: {EDGE_TYPES}")
-    return _pair_unfused(conv)
 
 
 def _gcn(conv: nn.Module) -> ConvAdapter:
@@ -152,7 +153,7 @@ ROWS: dict[str, tuple[str, object, str]] = {
         _pair_unfused,
         "Gaussian kernels of each in-edge's pseudo-coordinates" + EDGE_DATA,
     ),
-    "FiLMConv": ("exact", _film, "feature-wise modulation by the destination (one relation)"),
+    "FiLMConv": ("exact", _pair_unfused, "feature-wise modulation by the destination" + EDGE_TYPES),
     "PNAConv": (
         "exact",
         _square,
@@ -222,9 +223,9 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "runs the spline kernels of pyg-lib / torch-spline-conv, which hopserve does not "
         "install or test",
     ),
-    "RGCNConv": ("refused", None, EDGE_TYPES),
-    "FastRGCNConv": ("refused", None, EDGE_TYPES),
-    "RGATConv": ("refused", None, EDGE_TYPES),
+    "RGCNConv": ("exact", _pair_unfused, "per-relation mean/sum over in-neighbours" + EDGE_TYPES),
+    "FastRGCNConv": ("exact", _pair_unfused, "per-edge relation weights" + EDGE_TYPES),
+    "RGATConv": ("exact", _square, "relational attention per destination" + EDGE_TYPES),
     "SignedConv": ("refused", None, "needs two edge sets (positive and negative edges)"),
     # -- refused: heterogeneous graphs
     "HGTConv": ("refused", None, HETERO),

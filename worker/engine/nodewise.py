@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.proto.contract import BlockInfo, LayerStats, RunStats
-from hopserve.worker.convs.base import fresh_conv_caches
+from hopserve.worker.convs.base import fresh_conv_caches, served_edge_values
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers, segment_positions
 
 _DEGREE_FREE = {
@@ -268,7 +268,7 @@ class NodewiseEvaluator:
         """The model's edge data arguments: the store's rows of the subgraph's edges
         (CSC positions ``pos``, the subgraph's edge order)."""
         return {
-            arg: _column_of(self.graph, column)[pos].to(self.device)
+            arg: served_edge_values(column, _column_of(self.graph, column)[pos]).to(self.device)
             for arg, column in self.edge_args.items()
         }
 
@@ -298,8 +298,8 @@ class NodewiseEvaluator:
         graph = dgl.graph((torch.cat(srcs), torch.cat(dsts)), num_nodes=sink + 1)
         x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
         extra = graph.num_edges() - src.numel()  # the sink's edges: neutral edge data
-        edge = {  # (weight 1, zero features): they only reach the sink and the ring
-            arg: torch.cat([v, (v.new_ones if v.dim() == 1 else v.new_zeros)(extra, *v.shape[1:])])
+        edge = {  # (weight 1, zero features, relation 0): they only reach the sink and ring
+            arg: torch.cat([v, _neutral_edge_rows(self.edge_args[arg], v, extra)])
             for arg, v in (edge or {}).items()
         }
         with torch.no_grad():
@@ -307,7 +307,16 @@ class NodewiseEvaluator:
 
 
 def _column_of(graph, column: str) -> Tensor:  # noqa: ANN001 - a GraphStore
-    return graph.edge_weight if column == "weight" else graph.edge_features
+    from hopserve.worker.trace.tracer import EDGE_COLUMNS
+
+    return getattr(graph, EDGE_COLUMNS[column], None)
+
+
+def _neutral_edge_rows(column: str, like: Tensor, count: int) -> Tensor:
+    """``count`` rows of edge data that change nothing a sink edge reaches."""
+    if column == "weight":
+        return like.new_ones(count)
+    return like.new_zeros(count, *like.shape[1:])
 
 
 def _edge_args(model: nn.Module, graph) -> dict[str, str]:  # noqa: ANN001 - a GraphStore
@@ -325,7 +334,8 @@ def _edge_args(model: nn.Module, graph) -> dict[str, str]:  # noqa: ANN001 - a G
         if column is None:
             raise ModelTraceError(
                 f"{type(model).__name__}.forward accepts edge data '{arg}', which hopserve "
-                "cannot serve (only edge weights and edge features, not edge types or norms)"
+                "cannot serve (only edge weights, edge features and edge types, not edge "
+                "norms)"
             )
         if _column_of(graph, column) is None:
             raise ModelTraceError(missing_edge_data_message(type(model).__name__, arg, column))

@@ -47,10 +47,11 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(n, feature_dim, generator=gen)
     # Edge data arguments get random columns of the right width, stored in CSC order.
-    edge = probe_edge_data(split.edge_args, ei, split.edge_feature_dim, seed=13)
-    columns = {}
-    for arg, column in split.edge_args.items():
-        columns["edge_weight" if column == "weight" else "edge_attr"] = edge[arg]
+    edge = probe_edge_data(
+        split.edge_args, ei, split.edge_feature_dim, seed=13, num_relations=split.num_relations
+    )
+    keyword = {"weight": "edge_weight", "features": "edge_attr", "type": "edge_type"}
+    columns = {keyword[column]: edge[arg] for arg, column in split.edge_args.items()}
     probe = GraphStore.from_edge_index(ei, x, reorder=None, **columns)
     dev = ctx.device
     with torch.no_grad(), fresh_conv_caches(model):

@@ -31,6 +31,7 @@ from hopserve.worker.graph.build import (
 from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
     EDGE_FORMAT_VERSION,
+    EDGE_TYPE_FILE,
     EDGE_WEIGHT_FILE,
     FEATURES_FILE,
     FORMAT_VERSION,
@@ -44,6 +45,7 @@ from hopserve.worker.graph.format import (
     write_meta,
 )
 from hopserve.worker.graph.progress import progress_bar
+from hopserve.worker.graph.relations import EDGE_TYPE_DTYPE, relation_ids
 from hopserve.worker.graph.version import VersionHasher
 
 __all__ = [
@@ -141,6 +143,8 @@ class StoreContents:
     flags: GraphFlags
     edge_weight: np.ndarray | None = None  # float32 [E]
     edge_features: np.ndarray | None = None  # float32 [E, d_e]
+    edge_type: np.ndarray | None = None  # int16 [E] relation ids
+    relations: list[str] | None = None  # relation names by id (with edge_type)
 
     @property
     def num_nodes(self) -> int:
@@ -148,7 +152,7 @@ class StoreContents:
 
     @property
     def has_edge_data(self) -> bool:
-        return self.edge_weight is not None or self.edge_features is not None
+        return any(c is not None for c in (self.edge_weight, self.edge_features, self.edge_type))
 
     def header(self) -> dict[str, Any]:
         """The meta fields that are part of the content hash (all but version/created_at)."""
@@ -176,11 +180,14 @@ class StoreContents:
         if not self.has_edge_data:
             return {}
         ef = self.edge_features
-        return {
+        fields: dict[str, Any] = {
             "format_version": EDGE_FORMAT_VERSION,
             "has_edge_weight": self.edge_weight is not None,
             "edge_feature_dim": None if ef is None else int(ef.shape[1]),
         }
+        if self.edge_type is not None:  # absent otherwise: older stores hash as before
+            fields["relations"] = list(self.relations or [])
+        return fields
 
     def feature_chunks(self, *, progress: bool = False) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(first storage row, rows)`` in storage order, ~32 MiB at a time."""
@@ -205,6 +212,8 @@ class StoreContents:
         if self.has_edge_data:
             h.array("edge_weight", self.edge_weight)
             h.array("edge_features", self.edge_features)
+            if self.edge_type is not None:
+                h.array("edge_type", self.edge_type)
         h.begin("features", self.features.dtype, (self.num_nodes, self.features.dim))
         return h
 
@@ -218,6 +227,8 @@ def contents_from_csc(
     features_in_storage_order: bool = False,
     edge_weight: np.ndarray | None = None,
     edge_features: np.ndarray | None = None,
+    edge_type: np.ndarray | None = None,
+    relations: list[str] | None = None,
 ) -> StoreContents:
     """Pair a CSC with features/labels/external IDs given in INPUT order.
 
@@ -225,7 +236,9 @@ def contents_from_csc(
     input indices ``perm`` (so callers keep their numbering), and ``None`` for identity.
     ``features_in_storage_order`` says the source already yields rows in storage order.
     ``edge_weight`` ``[E]`` / ``edge_features`` ``[E, d_e]`` are given per INPUT edge and
-    follow their edges into CSC order (the CSC must be built with ``track_edges``).
+    follow their edges into CSC order (the CSC must be built with ``track_edges``), as
+    does ``edge_type`` ``[E]`` (relation ids or names, see
+    :func:`~.relations.relation_ids`; ``relations`` names them).
 
     Raises:
         ValueError: bad shapes or values (naming the first bad row or edge).
@@ -243,7 +256,11 @@ def contents_from_csc(
         node_ids = node_ids if perm is None else node_ids[perm]
     elif perm is not None:
         node_ids = perm
-    if edge_weight is not None or edge_features is not None:
+    if edge_type is not None:
+        edge_type, relations = relation_ids(edge_type, relations)
+    elif relations is not None:
+        raise ValueError("relations names the values of edge_type, which is missing")
+    if edge_weight is not None or edge_features is not None or edge_type is not None:
         order = csc.edge_order
         if order is None:
             raise ValueError("edge data needs a CSC built with track_edges=True")
@@ -252,6 +269,13 @@ def contents_from_csc(
             edge_weight = validate_edge_weight(edge_weight, given)[order]
         if edge_features is not None:
             edge_features = validate_edge_features(edge_features, given)[order]
+        if edge_type is not None:
+            if edge_type.size != given:
+                raise ValueError(
+                    f"edge_type must have shape [{given}] (one relation id per edge), "
+                    f"got [{edge_type.size}]"
+                )
+            edge_type = edge_type[order]
     return StoreContents(
         indptr=csc.indptr,
         indices=csc.indices,
@@ -263,6 +287,8 @@ def contents_from_csc(
         flags=csc.flags,
         edge_weight=edge_weight,
         edge_features=edge_features,
+        edge_type=edge_type,
+        relations=relations,
     )
 
 
@@ -278,6 +304,7 @@ class GraphArrays:
     labels: np.ndarray | None
     edge_weight: np.ndarray | None = None
     edge_features: np.ndarray | None = None
+    edge_type: np.ndarray | None = None
 
 
 def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArrays:
@@ -306,6 +333,7 @@ def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArra
         contents.labels,
         contents.edge_weight,
         contents.edge_features,
+        contents.edge_type,
     )
 
 
@@ -335,6 +363,8 @@ def write_contents(
             _save(tmp / EDGE_WEIGHT_FILE, contents.edge_weight.astype(np.float32, copy=False))
         if contents.edge_features is not None:
             _save(tmp / EDGE_FEATURES_FILE, contents.edge_features.astype(np.float32, copy=False))
+        if contents.edge_type is not None:
+            _save(tmp / EDGE_TYPE_FILE, contents.edge_type.astype(EDGE_TYPE_DTYPE, copy=False))
         shape = (contents.num_nodes, contents.features.dim)
         if shape[0] * shape[1] == 0:  # numpy cannot memory-map an empty array
             _save(tmp / FEATURES_FILE, np.zeros(shape, dtype=contents.features.dtype))

@@ -14,9 +14,11 @@ A graph store is a directory holding ``meta.json`` plus ``.npy`` arrays, all in 
 - ``edge_weight.npy``   float32 ``[E]`` (optional): one weight per edge, in CSC order (entry
   ``k`` belongs to the edge ``indices[k]`` of the destination whose segment holds ``k``).
 - ``edge_features.npy`` float32 ``[E, d_e]`` (optional): edge feature rows, in CSC order.
+- ``edge_type.npy``     int16 ``[E]`` (optional): the relation id of each edge, in CSC order;
+  ``relations`` in the meta names them (id ``r`` is ``relations[r]``).
 
 A store holding edge columns is written as format version 2 (``has_edge_weight`` /
-``edge_feature_dim`` in the meta), so a hopserve that predates them refuses it instead of
+``edge_feature_dim`` / ``relations`` in the meta), so a hopserve that predates them refuses it instead of
 serving the graph without its edge data; a store without them stays version 1, with the
 same meta and content hash as before.
 """
@@ -43,6 +45,7 @@ __all__ = [
     "LABELS_FILE",
     "EDGE_WEIGHT_FILE",
     "EDGE_FEATURES_FILE",
+    "EDGE_TYPE_FILE",
     "GraphFlags",
     "GraphMeta",
     "indices_dtype_for",
@@ -61,6 +64,7 @@ NODE_IDS_FILE = "node_ids.npy"
 LABELS_FILE = "labels.npy"
 EDGE_WEIGHT_FILE = "edge_weight.npy"
 EDGE_FEATURES_FILE = "edge_features.npy"
+EDGE_TYPE_FILE = "edge_type.npy"
 EDGE_FORMAT_VERSION = 2  # a store with edge columns; 1 without (unchanged)
 
 Ordering = Literal["rcmk", "identity"]
@@ -110,6 +114,11 @@ class GraphMeta(BaseModel):
     edge_feature_dim: int | None = Field(
         default=None, ge=0, description="width of edge_features.npy [E, d_e] (v2); None: absent"
     )
+    relations: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="relation names by id, the values of edge_type.npy [E] (v2); None: absent",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphMeta:
@@ -119,13 +128,20 @@ class GraphMeta(BaseModel):
             )
         if self.has_labels and self.num_classes is None:
             raise ValueError("num_classes is required when has_labels is true")
-        has_edge_data = self.has_edge_weight or self.edge_feature_dim is not None
+        has_edge_data = (
+            self.has_edge_weight or self.edge_feature_dim is not None or self.relations is not None
+        )
         if has_edge_data != (self.format_version == EDGE_FORMAT_VERSION):
             raise ValueError(
                 f"format_version {self.format_version} does not match the edge columns "
                 f"(has_edge_weight={self.has_edge_weight}, "
-                f"edge_feature_dim={self.edge_feature_dim}): version 2 exactly when present"
+                f"edge_feature_dim={self.edge_feature_dim}, relations={self.relations}): "
+                "version 2 exactly when present"
             )
+        if self.relations is not None:
+            from hopserve.worker.graph.relations import check_relation_names
+
+            check_relation_names(self.relations)
         return self
 
 
@@ -164,6 +180,8 @@ def write_meta(directory: str | Path, meta: GraphMeta) -> Path:
     if meta.format_version < EDGE_FORMAT_VERSION:  # a v1 meta stays as it always was
         fields.pop("has_edge_weight")
         fields.pop("edge_feature_dim")
+    if meta.relations is None:  # stores without typed edges keep their v2 meta unchanged
+        fields.pop("relations")
     path.write_text(json.dumps(fields, indent=2) + "\n")
     return path
 

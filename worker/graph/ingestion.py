@@ -122,13 +122,15 @@ def ingest_with_stats(
     overwrite: bool = False,
     progress: bool = True,
     edge_data: str = "weight",
+    relation_column: bool = False,
 ) -> IngestResult:
     """Validate input files, build the CSC store and write it to ``out`` atomically.
 
     ``symmetrize`` adds only the missing reverse edges (see :func:`~.build.build_csc`).
     ``edge_data`` says what the edge file's columns after ``src, dst`` hold: ``"weight"``
-    (the third is the weight, further ones edge features) or ``"features"``; an edge file
-    with edge data cannot be combined with ``add_self_loops`` or ``dedup`` (``symmetrize``
+    (the third is the weight, further ones edge features) or ``"features"``;
+    ``relation_column``: the third column of a text or ``.npy`` edge file is the edge's
+    relation id (see :mod:`~.readers`). An edge file with edge data or relations cannot be combined with ``add_self_loops`` or ``dedup`` (``symmetrize``
     gives each added reverse edge the data of the edge it mirrors).
 
     Returns:
@@ -162,16 +164,18 @@ def ingest_with_stats(
         skip_header=skip_header,
         progress=progress,
         edge_data=edge_data,
+        relation_column=relation_column,
     )
     weight, edge_feats = edge_list.weight, edge_list.features
-    has_edge_data = weight is not None or edge_feats is not None
+    edge_type, relations = edge_list.edge_type, edge_list.relations
+    has_edge_data = weight is not None or edge_feats is not None or edge_type is not None
     if has_edge_data and (add_self_loops or dedup):
         flags = [flag for flag, on in (("--self-loops", add_self_loops), ("--dedup", dedup)) if on]
         raise IngestError(
             edge_list.file,
             None,
             f"has edge data columns, which {', '.join(flags)} cannot keep (added self-loops "
-            "would have no weight or features, dedup would merge differing rows); add "
+            "would have no weight, features or relation, dedup would merge differing rows); add "
             "those edges with their data to the file instead",
         )
     src, dst = _resolve_endpoints(edge_list, n, ids, ids_path, feats_path)
@@ -195,6 +199,8 @@ def ingest_with_stats(
         node_ids=ids,
         edge_weight=weight,
         edge_features=edge_feats,
+        edge_type=edge_type,
+        relations=relations,
     )
     write_contents(out, contents, overwrite=overwrite, progress=progress)
     log.info("ingest done in %.1fs", time.perf_counter() - t0)

@@ -17,6 +17,12 @@
   further columns are edge features (``src,dst,weight,f1,...,fk``); with
   ``edge_data="features"`` every column after ``dst`` is an edge feature
   (``src,dst,f1,...,fk``). Values must be finite numbers (NaN/Inf name the row).
+- typed edges (relation ids, what ``RGCNConv``'s ``edge_type`` takes): with
+  ``relation_column=True`` the third column of a text or ``.npy`` file is the integer
+  relation id and the edge data columns follow it (``src,dst,relation,weight,...``).
+  ``.npz``: an integer array ``edge_type`` or a string array ``relation`` ``[E]``, and
+  optionally ``relations`` (the names by id). ``.parquet``: a column named ``relation``,
+  ``edge_type`` or ``etype`` (integer ids, or strings: names, numbered in sorted order).
 - features: ``.npy`` ``[N, F]`` float32/float16 (float64 is converted to float32),
   memory-mapped read-only and scanned in chunks for NaN/Inf.
 - node IDs: ``.npy`` ``[N]`` distinct integers. labels: ``.npy`` ``[N]`` integers ``>= -1``.
@@ -67,6 +73,8 @@ class EdgeList:
     row_of: Callable[[int], int]  # edge number (0-based) -> 1-based file row
     weight: np.ndarray | None = None  # float32 [E]
     features: np.ndarray | None = None  # float32 [E, d_e]
+    edge_type: np.ndarray | None = None  # int16 [E] relation ids
+    relations: list[str] | None = None  # relation names by id (with edge_type)
 
     def __len__(self) -> int:
         return self.src.size
@@ -324,10 +332,39 @@ def _read_npy_edges(path: Path) -> tuple[EdgeList, np.ndarray | None]:
 
 _NPZ_WEIGHT = ("edge_weight", "weight")
 _NPZ_FEATURES = ("edge_features", "edge_attr")
+_NPZ_TYPES = ("edge_type", "relation")
+_PARQUET_TYPES = ("relation", "edge_type", "etype")
+
+
+def _attach_relations(
+    edges: EdgeList, values: np.ndarray, name: str, names: list[str] | None = None
+) -> None:
+    """Relation ids or names ``[E]`` of the edges (see :func:`~.relations.relation_ids`)."""
+    from hopserve.worker.graph.relations import MAX_RELATIONS, relation_ids
+
+    if values.ndim != 1 or values.shape[0] != len(edges):
+        raise IngestError(
+            edges.file, None, f"{name} shape {list(values.shape)}, expected [{len(edges)}]"
+        )
+    if values.dtype.kind in "fiu":
+        limit = MAX_RELATIONS if names is None else len(names)
+        ok = np.isfinite(values) & (values == np.round(values)) & (values >= 0) & (values < limit)
+        if not ok.all():
+            e = int(np.argmax(~ok))
+            raise IngestError(
+                edges.file,
+                edges.row_of(e),
+                f"{name} {values[e]} is not a relation id (an integer in 0..{limit - 1})",
+            )
+        values = values.astype(np.int64)
+    try:
+        edges.edge_type, edges.relations = relation_ids(values, names)
+    except ValueError as err:
+        raise IngestError(edges.file, None, f"{name}: {err}") from None
 
 
 def _read_npz_edges(path: Path) -> EdgeList:
-    keys = ("src", "dst", "edge_index", *_NPZ_WEIGHT, *_NPZ_FEATURES)
+    keys = ("src", "dst", "edge_index", *_NPZ_WEIGHT, *_NPZ_FEATURES, *_NPZ_TYPES, "relations")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if k in keys}
@@ -367,6 +404,13 @@ def _read_npz_edges(path: Path) -> EdgeList:
                 path, None, f"{name} shape {list(value.shape)}, expected {want} (one per edge)"
             )
         setattr(edge_list, attr, _finite_edge_data(edge_list, value, name))
+    name = next((k for k in _NPZ_TYPES if k in arrays), None)
+    if name is not None:
+        names = arrays.get("relations")
+        names = None if names is None else [str(v) for v in names.reshape(-1).tolist()]
+        _attach_relations(edge_list, arrays[name], name, names)
+    elif "relations" in arrays:
+        raise IngestError(path, None, "has 'relations' but no 'edge_type' array to name")
     return edge_list
 
 
@@ -405,6 +449,22 @@ def _parquet_column(path: Path, table, name: str, integer: bool) -> np.ndarray: 
     return np.asarray(col.to_numpy(zero_copy_only=False))
 
 
+def _parquet_relations(path: Path, table, name: str) -> np.ndarray:  # noqa: ANN001
+    """A relation column: integer ids, or names (string or dictionary-encoded strings)."""
+    import pyarrow as pa
+
+    col = table.column(name)
+    if col.null_count:
+        mask = np.asarray(col.is_null().to_numpy(zero_copy_only=False))
+        raise IngestError(path, int(np.argmax(mask)) + 1, f"column {name!r} is null")
+    kind = col.type
+    if pa.types.is_dictionary(kind):
+        col, kind = col.cast(kind.value_type), kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return np.asarray(col.to_pylist(), dtype=str)
+    return _parquet_column(path, table, name, integer=True)
+
+
 def _read_parquet_edges(path: Path) -> tuple[EdgeList, np.ndarray | None]:
     try:
         import pyarrow.parquet as pq
@@ -421,11 +481,18 @@ def _read_parquet_edges(path: Path) -> tuple[EdgeList, np.ndarray | None]:
     src, dst = (
         _int_edges(path, _parquet_column(path, table, n, integer=True), n).reshape(-1) for n in ends
     )
+    typed = next((n for n in _PARQUET_TYPES if n in names and n not in ends), None)
     extra_cols = [
         c.reshape(-1, 1) if c.ndim == 1 else c
-        for c in (_parquet_column(path, table, n, integer=False) for n in names if n not in ends)
+        for c in (
+            _parquet_column(path, table, n, integer=False)
+            for n in names
+            if n not in ends and n != typed
+        )
     ]
     edges = EdgeList(path, np.ascontiguousarray(src), np.ascontiguousarray(dst), lambda e: e + 1)
+    if typed is not None:
+        _attach_relations(edges, _parquet_relations(path, table, typed), typed)
     extra = np.concatenate(extra_cols, axis=1).astype(np.float64) if extra_cols else None
     return edges, extra
 
@@ -444,8 +511,16 @@ def _finite_edge_data(edges: EdgeList, values: np.ndarray, what: str) -> np.ndar
     return out
 
 
-def _attach_columns(edges: EdgeList, extra: np.ndarray, edge_data: str) -> EdgeList:
-    """Edge data columns after src, dst: weight first (``"weight"``) or all features."""
+def _attach_columns(
+    edges: EdgeList, extra: np.ndarray, edge_data: str, relation_column: bool = False
+) -> EdgeList:
+    """Edge data columns after src, dst: the relation id (``relation_column``), then the
+    weight first (``"weight"``) or all features."""
+    if relation_column:
+        if extra.shape[1] == 0:
+            raise IngestError(edges.file, None, "has no relation column after src, dst")
+        _attach_relations(edges, extra[:, 0], "relation")
+        extra = extra[:, 1:]
     if extra.shape[1] == 0:
         return edges
     if edge_data == "weight":
@@ -463,6 +538,7 @@ def read_edges(
     skip_header: bool = False,
     progress: bool = True,
     edge_data: str = "weight",
+    relation_column: bool = False,
 ) -> EdgeList:
     """Read an edge file (text, ``.npy``, ``.npz`` or ``.parquet``; see module doc) into raw
     int64 arrays.
@@ -471,6 +547,9 @@ def read_edges(
         edge_data: what the columns after ``src, dst`` hold: ``"weight"`` (the third is
             the edge weight, further ones edge features) or ``"features"`` (all edge
             features). ``.npz`` files name their arrays instead.
+        relation_column: the third column of a text or ``.npy`` file is the relation id
+            of the edge (edge data columns follow it); ``.npz`` and ``.parquet`` files
+            name their relation array / column instead.
 
     Raises:
         IngestError: unreadable file, non-numeric value, wrong column count, bad
@@ -484,6 +563,10 @@ def read_edges(
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _read_npz_edges(path)
+    if relation_column and suffix == ".parquet":
+        raise IngestError(
+            path, None, f"Parquet names its relation column ({', '.join(_PARQUET_TYPES)})"
+        )
     if suffix == ".npy":
         edges, extra = _read_npy_edges(path)
     elif suffix == ".parquet":
@@ -492,7 +575,11 @@ def read_edges(
         if delimiter is None:
             delimiter = detect_delimiter(path, skip_header)
         edges, extra = _read_text_edges(path, delimiter, skip_header, progress)
-    return edges if extra is None else _attach_columns(edges, extra, edge_data)
+    if extra is None:
+        if relation_column:
+            raise IngestError(path, None, "has no relation column after src, dst")
+        return edges
+    return _attach_columns(edges, extra, edge_data, relation_column)
 
 
 # ---------------------------------------------------------------------------- node files

@@ -75,6 +75,8 @@ class GraphStore:
         edge_weight: float32 ``[E]`` weight per edge in CSC order (entry ``k`` belongs to
             ``indices[k]``), or ``None``.
         edge_features: float32 ``[E, d_e]`` features per edge in CSC order, or ``None``.
+        edge_type: int16 ``[E]`` relation id per edge in CSC order, or ``None``;
+            :attr:`relations` names the ids.
         version: content-hash version id from the meta.
         ordering: ``"rcmk"`` or ``"identity"``.
         path: the directory it was opened from, or ``None`` when built in memory.
@@ -94,6 +96,7 @@ class GraphStore:
         topology: GraphTopology | None = None,
         edge_weight: np.ndarray | torch.Tensor | None = None,
         edge_features: np.ndarray | torch.Tensor | None = None,
+        edge_type: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         # ``topology``: an existing view of the same arrays (a living graph's snapshot,
         # with its degrees, ID index and edge columns carried over) instead of a new one.
@@ -105,6 +108,7 @@ class GraphStore:
             path,
             edge_weight=None if edge_weight is None else _writable(edge_weight),
             edge_features=None if edge_features is None else _writable(edge_features),
+            edge_type=None if edge_type is None else _writable(edge_type),
         )
         topo = self.topology
         self.meta = meta
@@ -114,6 +118,8 @@ class GraphStore:
         ew, ef = topo.edge_weight, topo.edge_features
         self.edge_weight = None if ew is None else torch.from_numpy(ew)
         self.edge_features = None if ef is None else torch.from_numpy(ef)
+        et = topo.edge_type
+        self.edge_type = None if et is None else torch.from_numpy(et)
         self.features = _tensor(features)
         self.labels = None if labels is None else _tensor(labels)
         self.path = topo.path
@@ -174,6 +180,7 @@ class GraphStore:
             node_ids=arrays.node_ids,
             edge_weight=arrays.edge_weight,
             edge_features=arrays.edge_features,
+            edge_type=arrays.edge_type,
         )
 
     @classmethod
@@ -191,6 +198,8 @@ class GraphStore:
         progress: bool = False,
         edge_weight: Any | None = None,
         edge_attr: Any | None = None,
+        edge_type: Any | None = None,
+        relations: list[str] | None = None,
     ) -> GraphStore:
         """Build an in-memory store from a ``[2, E]`` edge index (``edge_index[0]`` = source).
 
@@ -204,7 +213,9 @@ class GraphStore:
         is one feature per edge, ``[E, 1]``) are stored as
         float32 :attr:`edge_weight` / :attr:`edge_features` in CSC order; ``symmetrize``
         gives each reverse edge it adds its mirror's rows; they rule out ``add_self_loops``
-        and ``dedup``.
+        and ``dedup``. ``edge_type`` ``[E]`` (relation ids, or names) is stored the same
+        way as :attr:`edge_type`; ``relations`` names the ids (default ``"0".."R-1"``,
+        or the sorted names).
 
         Raises:
             ValueError: bad shapes, dtypes, out-of-range endpoints, duplicate ``node_ids``,
@@ -235,10 +246,17 @@ class GraphStore:
             dedup=dedup,
             reorder=reorder,
             progress=progress,
-            track_edges=ew is not None or ea is not None,
+            track_edges=ew is not None or ea is not None or edge_type is not None,
         )
         contents = contents_from_csc(
-            csc, x_np, labels=lab, node_ids=ids, edge_weight=ew, edge_features=ea
+            csc,
+            x_np,
+            labels=lab,
+            node_ids=ids,
+            edge_weight=ew,
+            edge_features=ea,
+            edge_type=None if edge_type is None else _numpy(edge_type),
+            relations=relations,
         )
         arrays = materialize(contents, progress=progress)
         if x_is_tensor and arrays.features is x_np:
@@ -248,20 +266,21 @@ class GraphStore:
     @classmethod
     def from_pyg(cls, data: Any, *, edge_data: bool = True, **kw: Any) -> GraphStore:
         """Build from a ``torch_geometric.data.Data`` (``edge_index``, ``x``, optional ``y``,
-        ``edge_weight``, ``edge_attr``).
+        ``edge_weight``, ``edge_attr``, ``edge_type``).
 
         ``y`` becomes labels when it is an integer tensor of shape ``[N]`` or ``[N, 1]``;
         pass ``labels=`` to override. ``data.edge_weight`` ``[E]`` becomes the store's edge
         weights and ``data.edge_attr`` ``[E, d_e]`` (or ``[E]``: one feature) its edge
         features, what a model's ``forward(x, edge_index, edge_weight)`` /
-        ``forward(x, edge_index, edge_attr)`` is served with; ``edge_data=False`` leaves
-        both out (or pass ``edge_weight=`` / ``edge_attr=`` yourself). Other keywords go
-        to :meth:`from_edge_index`.
+        ``forward(x, edge_index, edge_attr)`` is served with; ``data.edge_type`` ``[E]``
+        its relation ids (``RGCNConv``'s ``edge_type``). ``edge_data=False`` leaves them
+        out (or pass ``edge_weight=`` / ``edge_attr=`` / ``edge_type=`` yourself). Other
+        keywords go to :meth:`from_edge_index`.
         """
         if getattr(data, "x", None) is None or getattr(data, "edge_index", None) is None:
             raise ValueError("data must have x and edge_index")
         if edge_data:
-            for key in ("edge_weight", "edge_attr"):
+            for key in ("edge_weight", "edge_attr", "edge_type"):
                 value = getattr(data, key, None)
                 if key not in kw and value is not None:
                     kw[key] = value
@@ -283,6 +302,7 @@ class GraphStore:
         label_key: str | None = "label",
         edge_weight_key: str | None = "auto",
         edge_feature_key: str | None = "auto",
+        edge_type_key: str | None = "auto",
         **kw: Any,
     ) -> GraphStore:
         """Build from a homogeneous ``dgl.DGLGraph`` (edges, ``ndata`` features and labels,
@@ -304,6 +324,10 @@ class GraphStore:
                 ``None``: no weights.
             edge_feature_key: ``edata`` key of edge features ``[E, d_e]``; ``"auto"``:
                 the first of ``"feat"``, ``"h"``, ``"edge_attr"`` present; ``None``: none.
+            edge_type_key: ``edata`` key of per-edge relation ids ``[E]`` (what
+                ``RelGraphConv``'s ``etypes`` takes); ``"auto"``: the first of ``"etype"``,
+                ``"rel_type"``, ``"edge_type"``, ``dgl.ETYPE`` (``"_TYPE"``, set by
+                ``dgl.to_homogeneous``) present; ``None``: none.
             **kw: passed to :meth:`from_edge_index` (``reorder``, ``symmetrize``,
                 ``add_self_loops``, ``dedup``, ``node_ids``, ``progress``, ``labels``).
 
@@ -345,6 +369,7 @@ class GraphStore:
         for arg, key, auto in (
             ("edge_weight", edge_weight_key, ("weight", "w", "edge_weight")),
             ("edge_attr", edge_feature_key, ("feat", "h", "edge_attr")),
+            ("edge_type", edge_type_key, ("etype", "rel_type", "edge_type", "_TYPE")),
         ):
             if arg in kw or key is None:
                 continue
@@ -376,6 +401,8 @@ class GraphStore:
             flags=self.meta.flags,
             edge_weight=None if self.edge_weight is None else self.edge_weight.numpy(),
             edge_features=None if self.edge_features is None else self.edge_features.numpy(),
+            edge_type=None if self.edge_type is None else self.edge_type.numpy(),
+            relations=self.relations,
         )
         meta = write_contents(path, contents, overwrite=overwrite, progress=progress)
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug
@@ -432,12 +459,19 @@ class GraphStore:
         """Storage indices ordered by ascending external ID (cached; ``arange`` for identity)."""
         return torch.from_numpy(self.topology.sorted_external_order)
 
+    @property
+    def relations(self) -> list[str] | None:
+        """Relation names by id (the values of :attr:`edge_type`), or ``None``."""
+        return self.topology.relations
+
     def _edge_repr(self) -> str:
         parts = []
         if self.edge_weight is not None:
             parts.append("edge_weight, ")
         if self.edge_features is not None:
             parts.append(f"edge_dim={self.edge_features.shape[1]}, ")
+        if self.relations is not None:
+            parts.append(f"relations={len(self.relations)}, ")
         return "".join(parts)
 
     def __repr__(self) -> str:

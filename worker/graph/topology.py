@@ -18,6 +18,7 @@ import numpy as np
 from hopserve.worker.graph.errors import GraphFormatError
 from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
+    EDGE_TYPE_FILE,
     EDGE_WEIGHT_FILE,
     INDICES_FILE,
     INDPTR_FILE,
@@ -61,6 +62,8 @@ class GraphTopology:
         path: The directory it was opened from, or ``None`` when built in memory.
         edge_weight: float32 ``[E]`` per-edge weight in CSC order, or ``None``.
         edge_features: float32 ``[E, d_e]`` per-edge features in CSC order, or ``None``.
+        edge_type: int16 ``[E]`` per-edge relation id in CSC order (names:
+            ``meta.relations``), or ``None``.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class GraphTopology:
         *,
         edge_weight: np.ndarray | None = None,
         edge_features: np.ndarray | None = None,
+        edge_type: np.ndarray | None = None,
     ) -> None:
         self.meta = meta
         self.indptr = indptr
@@ -80,6 +84,7 @@ class GraphTopology:
         self.node_ids = node_ids
         self.edge_weight = edge_weight
         self.edge_features = edge_features
+        self.edge_type = edge_type
         self.path = None if path is None else Path(path)
         n, e = meta.num_nodes, meta.num_edges
         d_e = meta.edge_feature_dim
@@ -99,6 +104,11 @@ class GraphTopology:
                 and (edge_features is None or edge_features.shape == (e, d_e)),
                 "edge_features "
                 + ("absent" if edge_features is None else f"{[*edge_features.shape]}"),
+            ),
+            (
+                (edge_type is None) == (meta.relations is None)
+                and (edge_type is None or edge_type.shape == (e,)),
+                "edge_type " + ("absent" if edge_type is None else f"{[*edge_type.shape]}"),
             ),
         ):
             if not ok:
@@ -136,6 +146,11 @@ class GraphTopology:
             if d_e is not None
             else None
         )
+        edge_type = (
+            load_array(path, EDGE_TYPE_FILE, mmap=mmap, dtype=np.int16, shape=(e,))
+            if meta.relations is not None
+            else None
+        )
         return cls(
             meta,
             indptr,
@@ -144,6 +159,7 @@ class GraphTopology:
             path,
             edge_weight=edge_weight,
             edge_features=edge_features,
+            edge_type=edge_type,
         )
 
     # ------------------------------------------------------------------ sizes
@@ -157,8 +173,13 @@ class GraphTopology:
 
     @property
     def has_edge_data(self) -> bool:
-        """Whether the graph holds edge weights or edge features."""
-        return self.edge_weight is not None or self.edge_features is not None
+        """Whether the graph holds edge weights, edge features or edge types."""
+        return any(c is not None for c in (self.edge_weight, self.edge_features, self.edge_type))
+
+    @property
+    def relations(self) -> list[str] | None:
+        """Relation names by id (the values of :attr:`edge_type`), or ``None``."""
+        return None if self.meta.relations is None else list(self.meta.relations)
 
     @property
     def version(self) -> str:

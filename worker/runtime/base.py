@@ -510,7 +510,10 @@ def _output_dim(evaluator: Evaluator) -> int:
     edge_args = split.edge_args if split is not None else getattr(evaluator, "edge_args", {})
     features = evaluator.graph.edge_features
     width = None if features is None else int(features.shape[1])
-    edge = probe_edge_data(edge_args, ei, width)
+    relations = getattr(evaluator.graph, "relations", None)
+    num_relations = split.num_relations if split is not None else None
+    num_relations = num_relations or (len(relations) if relations else None)
+    edge = probe_edge_data(edge_args, ei, width, num_relations=num_relations)
     dev = evaluator.device
     with torch.no_grad(), fresh_conv_caches(evaluator.model):
         out = call_model(

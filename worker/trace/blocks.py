@@ -61,9 +61,10 @@ class ModelSplit:
     adapters: dict[str, ConvAdapter] = field(default_factory=dict)
     last_use: dict[str, int] = field(default_factory=dict)  # value -> last block reading it
     style: str = "pyg"
-    # forward() arguments carrying edge data -> store column ("weight" / "features")
+    # forward() arguments carrying edge data -> store column ("weight"/"features"/"type")
     edge_args: dict[str, str] = field(default_factory=dict)
     edge_feature_dim: int | None = None  # width of the edge features the convs expect
+    num_relations: int | None = None  # relations the convs taking edge types have weights for
 
     def describe(self) -> str:
         """Human-readable schema, one line per block."""

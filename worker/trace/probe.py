@@ -53,10 +53,15 @@ def call_model(
 
 
 def probe_edge_data(
-    edge_args: dict[str, str], edge_index: Tensor, feature_dim: int | None, seed: int = 5
+    edge_args: dict[str, str],
+    edge_index: Tensor,
+    feature_dim: int | None,
+    seed: int = 5,
+    num_relations: int | None = None,
 ) -> dict[str, Tensor]:
     """Random edge data for the probe graph: ``{argument: tensor}`` per edge data argument
-    (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal).
+    (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal;
+    relation ids uniform in ``0..num_relations-1``).
 
     A node's several self-loops carry the same data: which of them PyG's
     ``add_remaining_self_loops`` keeps is an indexed assignment with repeated indices,
@@ -67,6 +72,7 @@ def probe_edge_data(
     columns = {
         "weight": torch.rand(num_edges, generator=gen) + 0.5,
         "features": torch.randn(num_edges, feature_dim or 1, generator=gen),
+        "type": torch.randint(0, num_relations or 1, (num_edges,), generator=gen),
     }  # one tensor per column: arguments served by the same column get the same values
     loops = (edge_index[0] == edge_index[1]).nonzero().squeeze(1)
     if loops.numel():
@@ -92,6 +98,41 @@ def _in_width(module: nn.Module) -> int | None:
         if isinstance(value, int) and value > 0 and "Linear" in type(module).__name__:
             return value
     return None
+
+
+_RELATION_COUNT_ATTRS = ("num_relations", "num_rels", "num_etypes", "num_types")
+"""Attributes holding the number of relations a typed-edge conv (or a typed linear layer in
+it) has weights for (PyG ``RGCNConv``/``FastRGCNConv``/``RGATConv``/``FiLMConv``:
+``num_relations``; DGL ``RelGraphConv``: its ``TypedLinear``'s ``num_types``)."""
+
+
+def _relation_count_of(conv: nn.Module) -> int | None:
+    for module in conv.modules():  # the conv first, then its submodules
+        for attr in _RELATION_COUNT_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def relation_count(convs: list[tuple[str, nn.Module]]) -> int:
+    """How many relations the convs taking edge types have weights for (the smallest, so a
+    relation id is valid for every one of them).
+
+    Raises:
+        ModelTraceError: a conv with no relation count to read.
+    """
+    counts = []
+    for qual, conv in convs:
+        value = _relation_count_of(conv)
+        if value is None:
+            raise ModelTraceError(
+                f"conv '{qual}' ({type(conv).__name__}) takes edge types, but how many "
+                f"relations it has weights for cannot be told (none of "
+                f"{', '.join(_RELATION_COUNT_ATTRS)} is set)"
+            )
+        counts.append(value)
+    return min(counts)
 
 
 def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
@@ -280,6 +321,7 @@ __all__ = [
     "call_model",
     "edge_feature_width",
     "probe_edge_data",
+    "relation_count",
     "input_width_mismatch",
     "model_graph",
     "probe_edge_index",

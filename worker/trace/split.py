@@ -23,6 +23,7 @@ from hopserve.worker.trace.probe import (
     probe_edge_data,
     probe_edge_index,
     probe_facts,
+    relation_count,
 )
 from hopserve.worker.trace.splitter import DST, SRC, NodeFacts, partition
 from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line, trace_model
@@ -46,12 +47,12 @@ def split_model(
     # Refuse unsupported convs before running anything: a conv that needs edge data or
     # another input would otherwise fail on the probe graph with an unrelated error.
     adapters, adapter_names, conv_x = _conv_adapters(traced)
-    edge_dim = _bind_edge_inputs(traced, adapters, adapter_names)
+    edge_dim, num_relations = _bind_edge_inputs(traced, adapters, adapter_names)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     # The probe runs where the model's weights are (a worker moves it to its GPU first).
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    edge = probe_edge_data(traced.edge_args, ei, edge_dim, seed=5)
+    edge = probe_edge_data(traced.edge_args, ei, edge_dim, seed=5, num_relations=num_relations)
     x, ei = x.to(device), ei.to(device)
     edge = {k: v.to(device) for k, v in edge.items()}
     try:
@@ -70,6 +71,7 @@ def split_model(
     split = _build_blocks(traced, facts, adapters, adapter_names, conv_x)
     split.edge_args = dict(traced.edge_args)
     split.edge_feature_dim = edge_dim
+    split.num_relations = num_relations
     return split
 
 
@@ -88,9 +90,10 @@ def _conv_edge_inputs(traced: TracedModel, node: fx.Node) -> tuple[EdgeInput, ..
 
 def _bind_edge_inputs(
     traced: TracedModel, adapters: nn.ModuleDict, adapter_names: dict[str, str]
-) -> int | None:
+) -> tuple[int | None, int | None]:
     """Tell each adapter the edge data its conv's calls take (one set per conv module) and
-    what the whole model takes; returns the edge feature width the convs expect.
+    what the whole model takes; returns the edge feature width and the number of relations
+    the convs expect (``None`` where no conv takes that column).
 
     Raises:
         ModelTraceError: a conv whose adapter cannot take edge data is called with it, or
@@ -98,7 +101,7 @@ def _bind_edge_inputs(
             width cannot be told.
     """
     if not traced.edge_args:
-        return None
+        return None, None
     per_conv: dict[str, tuple[EdgeInput, ...]] = {}
     for c in traced.conv_nodes:
         qual = str(c.target)
@@ -127,9 +130,16 @@ def _bind_edge_inputs(
         if any(i.column == "features" for i in inputs)
     ]
     edge_dim = edge_feature_width(feature_convs) if feature_convs else None
+    type_convs = [
+        (q, traced.gm.get_submodule(q))
+        for q, inputs in per_conv.items()
+        if any(i.column == "type" for i in inputs)
+    ]
+    num_relations = relation_count(type_convs) if type_convs else None
     for adapter in adapters.values():
         adapter.edge_feature_dim = edge_dim
-    return edge_dim
+        adapter.num_relations = num_relations
+    return edge_dim, num_relations
 
 
 def _conv_adapters(
@@ -183,7 +193,7 @@ def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
         raise ModelTraceError(
             f"conv '{node.target}' at {source_line(node)} is called with argument "
             f"'{name}'; only (x, edge_index) calls, with edge data from the model's "
-            "edge_weight / edge_attr arguments, are supported"
+            "edge_weight / edge_attr / edge_type arguments, are supported"
         )
     if not isinstance(x_val, fx.Node):
         raise ModelTraceError(

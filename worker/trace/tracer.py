@@ -98,18 +98,23 @@ _EDGE_DATA_ARG = re.compile(
 """Names of ``forward`` parameters that carry per-edge data."""
 _EDGE_WEIGHT_ARG = re.compile(r"(edge_weight|e_?weight|edge_w)s?")
 _EDGE_FEATURE_ARG = re.compile(r"(edge_(attr|feat|feature)|e_?feats?)s?")
-EDGE_COLUMNS = {"weight": "edge_weight", "features": "edge_features"}
+_EDGE_TYPE_ARG = re.compile(r"(edge_type|etype|e_type|rel_type)s?")
+EDGE_COLUMNS = {"weight": "edge_weight", "features": "edge_features", "type": "edge_type"}
 """Store column names (``GraphStore`` attributes) by kind: an ``edge_weight``-like argument
 is served from ``edge_weight`` ``[E]``, an ``edge_attr``-like one from ``edge_features``
-``[E, d_e]``. Other edge data (``edge_type``, ``edge_norm``) is refused."""
+``[E, d_e]``, an ``edge_type``-like one (relation ids) from ``edge_type`` ``[E]``. Other
+edge data (``edge_norm``) is refused."""
 
 
 def edge_column(name: str) -> str | None:
-    """``"weight"`` / ``"features"`` for a served edge data argument name, else ``None``."""
+    """``"weight"`` / ``"features"`` / ``"type"`` for a served edge data argument name,
+    else ``None``."""
     if _EDGE_WEIGHT_ARG.fullmatch(name):
         return "weight"
     if _EDGE_FEATURE_ARG.fullmatch(name):
         return "features"
+    if _EDGE_TYPE_ARG.fullmatch(name):
+        return "type"
     return None
 
 
@@ -160,8 +165,8 @@ def _signature(
             continue
         if _EDGE_DATA_ARG.fullmatch(p.name):
             reason = (
-                "only edge weights (edge_weight) and edge features (edge_attr) are "
-                "served, not edge types or norms"
+                "only edge weights (edge_weight), edge features (edge_attr) and edge "
+                "types (edge_type) are served, not edge norms"
             )
             raise ModelTraceError(
                 f"{type(model).__name__}.forward accepts edge data '{p.name}', which "
@@ -173,8 +178,8 @@ def _signature(
         if p.default is inspect.Parameter.empty:
             raise ModelTraceError(
                 f"{type(model).__name__}.forward has a required extra argument '{p.name}'; "
-                "only (features, graph) inputs and edge data (edge_weight, edge_attr) are "
-                "supported"
+                "only (features, graph) inputs and edge data (edge_weight, edge_attr, "
+                "edge_type) are supported"
             )
         concrete[p.name] = p.default
     return feature_arg, graph_arg, style, concrete, edge_args

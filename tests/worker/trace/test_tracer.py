@@ -150,13 +150,13 @@ def test_required_extra_argument_refused():
         trace_model(Net())
 
 
-@pytest.mark.parametrize("name", ["edge_weight", "edge_attr", "edge_feats", "e_feat", "etypes"])
+@pytest.mark.parametrize("name", ["edge_weight", "edge_attr", "edge_feats", "e_feat", "edge_norm"])
 def test_optional_edge_data_argument_refused_naming_it(name, store):
     """A GCN trained with edge weights must not be served silently without them: refused
-    at load on a graph without the column (edge types at trace: never served)."""
+    at load on a graph without the column (edge norms at trace: never served)."""
     from torch_geometric.nn import GATConv, GCNConv
 
-    weight = name in ("edge_weight", "etypes")
+    weight = name in ("edge_weight", "edge_norm")
 
     class Net(nn.Module):
         def __init__(self):
