@@ -209,6 +209,7 @@ class EmbeddingClientBase:
         footprint: bool = False,
         edge_weights: Any = None,
         edge_features: Any = None,
+        edge_relations: Any = None,
     ) -> Query:
         options = pb.QueryOptions(
             fanouts=check_fanouts(fanouts), cache_policy=check_cache_policy(cache_policy)
@@ -218,17 +219,18 @@ class EmbeddingClientBase:
         template = pb.GetEmbeddingsRequest(
             model=check_model(model), model_version=check_version(model_version), options=options
         )
-        if add_edges is None and (edge_weights is not None or edge_features is not None):
-            raise InvalidArgumentError("edge_weights / edge_features need add_edges")
+        edge_data = (edge_weights, edge_features, edge_relations)
+        if add_edges is None and any(v is not None for v in edge_data):
+            raise InvalidArgumentError(
+                "edge_weights / edge_features / edge_relations need add_edges"
+            )
         if add_nodes is not None or add_edges is not None:  # request-scoped, never stored
             from hopserve.client.admin import edge_list, node_rows
 
             if add_nodes is not None:
                 template.delta.add_nodes.CopyFrom(node_rows("add_nodes", add_nodes))
             if add_edges is not None:
-                template.delta.add_edges.CopyFrom(
-                    edge_list("add_edges", add_edges, edge_weights, edge_features)
-                )
+                template.delta.add_edges.CopyFrom(edge_list("add_edges", add_edges, *edge_data))
         if not isinstance(footprint, bool):
             raise InvalidArgumentError(f"footprint must be a bool, got {footprint!r}")
         template.footprint = footprint

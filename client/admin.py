@@ -111,6 +111,7 @@ class GraphInfo:
         num_edges: Edges now.
         models: Models served on this graph.
         compacting: A compaction is running.
+        relations: Relation names of typed edges, by id (empty: untyped).
     """
 
     path: str
@@ -123,6 +124,7 @@ class GraphInfo:
     num_edges: int = 0
     models: list[str] = field(default_factory=list)
     compacting: bool = False
+    relations: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class AdminClientBase(EmbeddingClientBase):
         idempotency_key: str | None,
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
+        edge_relations: Sequence[str] | None = None,
     ) -> admin_pb2.UpdateGraphRequest:
         """The request of :meth:`AdminClient.update_graph` (checks every argument)."""
         request = admin_pb2.UpdateGraphRequest(model=check_model(model))
@@ -206,12 +209,13 @@ class AdminClientBase(EmbeddingClientBase):
             if value is not None:
                 getattr(request, name).CopyFrom(node_rows(name, value))
                 parts += 1
-        if add_edges is None and (edge_weights is not None or edge_features is not None):
-            raise InvalidArgumentError("edge_weights / edge_features need add_edges")
-        if add_edges is not None:
-            request.add_edges.CopyFrom(
-                edge_list("add_edges", add_edges, edge_weights, edge_features)
+        edge_data = (edge_weights, edge_features, edge_relations)
+        if add_edges is None and any(v is not None for v in edge_data):
+            raise InvalidArgumentError(
+                "edge_weights / edge_features / edge_relations need add_edges"
             )
+        if add_edges is not None:
+            request.add_edges.CopyFrom(edge_list("add_edges", add_edges, *edge_data))
             parts += 1
         if remove_edges is not None:
             request.remove_edges.CopyFrom(edge_list("remove_edges", remove_edges))
@@ -275,6 +279,7 @@ class AdminClientBase(EmbeddingClientBase):
     def _graph_info(msg: admin_pb2.GraphInfo) -> GraphInfo:
         values = {f: getattr(msg, f) for f in GraphInfo.__dataclass_fields__}
         values["models"] = list(msg.models)
+        values["relations"] = list(msg.relations)
         return GraphInfo(**values)
 
     @staticmethod
@@ -316,6 +321,7 @@ class AdminClient(AdminClientBase):
         idempotency_key: str | None = None,
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
+        edge_relations: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """Apply one atomic batch of mutations to the graph ``model`` serves.
@@ -339,6 +345,10 @@ class AdminClient(AdminClientBase):
             edge_features: ``[len(src), d_e]`` floats: the feature row of each edge of
                 ``add_edges``; required (of the graph's width ``d_e``) when the graph holds
                 edge features, refused when it holds none. Removed edges need no data.
+            edge_relations: ``[len(src)]`` relation names: the relation of each edge of
+                ``add_edges`` (``GraphInfo.relations``; ``"0"``, ``"1"``, ... on a graph
+                built from ids). Required when the graph's edges are typed, refused when
+                they are not. Removing ``src -> dst`` removes it under every relation.
             timeout: Deadline in seconds; None uses the client's.
 
         Raises:
@@ -348,7 +358,7 @@ class AdminClient(AdminClientBase):
         """
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
-            edge_weights, edge_features,
+            edge_weights, edge_features, edge_relations,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = self._admin_call("UpdateGraph", request, deadline, idempotency_key is not None)
@@ -487,12 +497,13 @@ class AsyncAdminClient(AdminClientBase):
         idempotency_key: str | None = None,
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
+        edge_relations: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """See :meth:`AdminClient.update_graph`."""
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
-            edge_weights, edge_features,
+            edge_weights, edge_features, edge_relations,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = await self._admin_call(
@@ -644,9 +655,11 @@ def edge_list(
     value: EdgesArg,
     weights: npt.ArrayLike | None = None,
     features: npt.ArrayLike | None = None,
+    relations: Sequence[str] | None = None,
 ) -> pb.EdgeList:
     """``(src, dst)`` as a ``hopserve.v1.EdgeList``, with the edges' ``weights`` ``[k]``
-    and ``features`` ``[k, d_e]`` as float32 packed bytes when given."""
+    and ``features`` ``[k, d_e]`` as float32 packed bytes and their ``relations`` (a name
+    per edge) when given."""
     if not isinstance(value, tuple | list) or len(value) != 2:
         raise InvalidArgumentError(f"{what} must be a pair (src, dst), got {type(value).__name__}")
     src, dst = node_ids(f"{what} src", value[0]), node_ids(f"{what} dst", value[1])
@@ -663,6 +676,14 @@ def edge_list(
         out.features, out.feature_dim = packed.tobytes(), int(packed.shape[1])
     if weights is not None or features is not None:
         out.dtype = pb.DTYPE_FLOAT32
+    if relations is not None:
+        names = [relations] if isinstance(relations, str) else list(relations)
+        if len(names) != src.size or not all(isinstance(n, str) and n for n in names):
+            raise InvalidArgumentError(
+                f"{what} edge_relations: expected {src.size} relation names (non-empty "
+                f"strings, one per edge), got {names[:5]!r}{'...' if len(names) > 5 else ''}"
+            )
+        out.relations.extend(names)
     return out
 
 

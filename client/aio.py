@@ -95,11 +95,12 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         footprint: bool = False,
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
+        edge_relations: Sequence[str] | None = None,
     ) -> EmbeddingResult:
         """See :meth:`EmbeddingClient.get_embeddings_with_info`."""
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
-            add_nodes, add_edges, footprint, edge_weights, edge_features,
+            add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

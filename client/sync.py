@@ -97,6 +97,7 @@ class EmbeddingClient(EmbeddingClientBase):
         footprint: bool = False,
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
+        edge_relations: Sequence[str] | None = None,
     ) -> EmbeddingResult:
         """Like :meth:`get_embeddings`, plus versions, server timing and cache hits.
 
@@ -104,7 +105,8 @@ class EmbeddingClient(EmbeddingClientBase):
         graph delta (cold start): rows are exact for graph + delta, nothing is stored or
         cached, and the new IDs may be asked for. On a graph with edge columns the added
         edges carry ``edge_weights`` ``[len(src)]`` / ``edge_features`` ``[len(src), d_e]``
-        (as :meth:`AdminClient.update_graph`). ``footprint=True`` answers, per row, what
+        and, on a graph with typed edges, ``edge_relations`` (a relation name per edge; as
+        :meth:`AdminClient.update_graph`). ``footprint=True`` answers, per row, what
         computing it touched (:class:`Footprint`).
 
         Calls over ``max_nodes_per_request`` IDs run as consecutive GetEmbeddings RPCs
@@ -112,7 +114,7 @@ class EmbeddingClient(EmbeddingClientBase):
         """
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
-            add_nodes, add_edges, footprint, edge_weights, edge_features,
+            add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

@@ -667,7 +667,14 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
         return None
     delta = request.delta
     edges = delta.add_edges
-    if not (delta.add_nodes.node_ids or edges.src or edges.dst or edges.weights or edges.features):
+    if not (
+        delta.add_nodes.node_ids
+        or edges.src
+        or edges.dst
+        or edges.weights
+        or edges.features
+        or edges.relations
+    ):
         return None
     if model.live is None:
         raise InvalidRequestError(f"model {model.name!r} serves a graph that takes no delta")
@@ -675,15 +682,8 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
         raise InvalidRequestError("a request with a delta is exact only: drop the fanouts")
     dim = model.topology.feature_dim
     ids, rows = decode_node_rows(delta.add_nodes, dim, "delta.add_nodes")
-    src, dst, weights, edge_rows = decode_edges(delta.add_edges, "delta.add_edges")
-    batch = MutationBatch(
-        add_node_ids=ids,
-        add_node_features=rows,
-        add_src=src,
-        add_dst=dst,
-        add_edge_weight=weights,
-        add_edge_features=edge_rows,
-    )
+    added = decode_edges(delta.add_edges, "delta.add_edges")
+    batch = MutationBatch(add_node_ids=ids, add_node_features=rows, **added.mutation_fields())
     return DeltaResolver(model.name, batch, np.asarray(request.node_ids, dtype=np.int64))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,12 +73,32 @@ def decode_rows(rows: pb.NodeRows, dim: int, what: str) -> tuple[np.ndarray, np.
     return ids, np.array(features, dtype=np.float32)
 
 
-def decode_edges(
-    edges: pb.EdgeList, what: str, *, data: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """``(src, dst, weights [k] or None, features [k, feature_dim] or None)`` of an
-    ``EdgeList``; empty ``weights`` / ``features`` mean none. Whether the graph needs or
-    refuses them is :func:`~hopserve.worker.graph.live.mutations.resolve`'s to say.
+@dataclass(frozen=True)
+class DecodedEdges:
+    """An ``EdgeList`` in numpy: endpoints (external IDs) and the edge data given."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    weights: np.ndarray | None = None  # float32 [k]
+    features: np.ndarray | None = None  # float32 [k, feature_dim]
+    relations: list[str] | None = None  # a relation name per edge
+
+    def mutation_fields(self) -> dict[str, object]:
+        """The :class:`MutationBatch` fields of edges to add."""
+        return {
+            "add_src": self.src,
+            "add_dst": self.dst,
+            "add_edge_weight": self.weights,
+            "add_edge_features": self.features,
+            "add_edge_type": self.relations,
+        }
+
+
+def decode_edges(edges: pb.EdgeList, what: str, *, data: bool = True) -> DecodedEdges:
+    """Endpoints, weights ``[k]``, features ``[k, feature_dim]`` and relation names of an
+    ``EdgeList``; empty ``weights`` / ``features`` / ``relations`` mean none. Whether the
+    graph needs or refuses them is :func:`~hopserve.worker.graph.live.mutations.resolve`'s
+    to say.
 
     Args:
         data: Whether edge data may come with these edges (``False`` for edges to remove:
@@ -89,13 +110,22 @@ def decode_edges(
     """
     src = np.asarray(edges.src, dtype=np.int64)
     dst = np.asarray(edges.dst, dtype=np.int64)
-    if not (edges.weights or edges.features):
-        return src, dst, None, None
+    if not (edges.weights or edges.features or edges.relations):
+        return DecodedEdges(src, dst)
     if not data:
         raise InvalidRequestError(
-            f"{what}: edge data (weights / features) is only taken for added edges; a "
-            "removed edge's data goes with it"
+            f"{what}: edge data (weights / features / relations) is only taken for added "
+            "edges; removing src -> dst removes it under every relation, with its data"
         )
+    relations = None
+    if edges.relations:
+        relations = list(edges.relations)
+        if len(relations) != src.size:
+            raise InvalidRequestError(
+                f"{what}.relations: {len(relations)} names for {src.size} edges (one per edge)"
+            )
+    if not (edges.weights or edges.features):
+        return DecodedEdges(src, dst, relations=relations)
     if edges.dtype != pb.DTYPE_FLOAT32:
         raise InvalidRequestError(f"{what}: dtype must be DTYPE_FLOAT32 with weights or features")
     k = int(src.size)
@@ -118,7 +148,7 @@ def decode_edges(
             raise InvalidRequestError(
                 f"{what}.features: not {k} rows of feature_dim {dim} ({err})"
             ) from None
-    return src, dst, weights, features
+    return DecodedEdges(src, dst, weights, features, relations)
 
 
 class GraphAdmin:
@@ -165,22 +195,17 @@ class GraphAdmin:
         dim = live.topology.feature_dim
         add_ids, add_rows = decode_rows(request.add_nodes, dim, "add_nodes")
         set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
-        remove_src, remove_dst, _, _ = decode_edges(
-            request.remove_edges, "remove_edges", data=False
-        )
-        add_src, add_dst, weights, edge_rows = decode_edges(request.add_edges, "add_edges")
+        removed = decode_edges(request.remove_edges, "remove_edges", data=False)
+        added = decode_edges(request.add_edges, "add_edges")
         batch = MutationBatch(
             add_node_ids=add_ids,
             add_node_features=add_rows,
-            remove_src=remove_src,
-            remove_dst=remove_dst,
-            add_src=add_src,
-            add_dst=add_dst,
+            remove_src=removed.src,
+            remove_dst=removed.dst,
             set_node_ids=set_ids,
             set_features=set_rows,
             idempotency_key=request.idempotency_key,
-            add_edge_weight=weights,
-            add_edge_features=edge_rows,
+            **added.mutation_fields(),
         )
         self.track_ready(live)
         # A batch handed to its thread is applied whole even if the caller leaves: the

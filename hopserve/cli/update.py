@@ -18,8 +18,10 @@ extension (``.ndjson``/``.jsonl``, else CSV):
 * edges to add to a graph holding edge data carry it as ingest's edge files do: CSV
   ``src,dst,weight,f1,...,fk`` (``--edge-data weight``, the default) or
   ``src,dst,f1,...,fk`` (``--edge-data features``), every row the same width; NDJSON
-  ``{"src": 7, "dst": 9, "weight": 0.5, "features": [0.1, 0.2]}``. Edges to remove take
-  no edge data.
+  ``{"src": 7, "dst": 9, "weight": 0.5, "features": [0.1, 0.2]}``. On a graph with typed
+  edges each added edge names its relation: CSV ``src,dst,relation[,edge data]``
+  (``--relation-column``) or NDJSON ``"relation": "clicks"``. Edges to remove take no
+  edge data (removing ``src,dst`` removes it under every relation).
 
 Empty lines and lines starting with ``#`` are skipped. A bad line is refused before
 anything is sent, naming the file, line and value. Needs a token with scope ``admin``.
@@ -52,7 +54,7 @@ from hopserve.cli.connect import (
 )
 from hopserve.client import AdminClient, HopserveError
 
-__all__ = ["InputFileError", "read_edges", "read_edges_with_data", "read_node_rows"]
+__all__ = ["EdgeRows", "InputFileError", "read_edges", "read_edges_with_data", "read_node_rows"]
 
 
 class InputFileError(ValueError):
@@ -162,52 +164,60 @@ def read_node_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ids, dtype=np.int64), np.asarray(rows, dtype=np.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class EdgeRows:
+    """The edges of an edges file and the edge data they carry (``None``: not given)."""
+
+    src: np.ndarray  # int64 [k]
+    dst: np.ndarray  # int64 [k]
+    weights: np.ndarray | None = None  # float32 [k]
+    features: np.ndarray | None = None  # float32 [k, d_e]
+    relations: list[str] | None = None  # a relation name per edge
+
+    def update_fields(self) -> dict[str, Any]:
+        """The :meth:`AdminClient.update_graph` arguments of edges to add."""
+        return {
+            "add_edges": (self.src, self.dst),
+            "edge_weights": self.weights,
+            "edge_features": self.features,
+            "edge_relations": self.relations,
+        }
+
+
 def read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(src, dst)`` int64 arrays of an edges file.
+    """``(src, dst)`` int64 arrays of an edges file without edge data (edges to remove).
 
     Raises:
-        InputFileError: an unreadable file, a bad line (named), or no edges.
+        InputFileError: an unreadable file, a bad line (named), edge data, or no edges.
     """
-    src: list[int] = []
-    dst: list[int] = []
-    for n, record in _records(path):
-        if _ndjson(path):
-            if not isinstance(record, dict) or "src" not in record or "dst" not in record:
-                raise InputFileError(
-                    f'{path}:{n}: expected {{"src": ..., "dst": ...}}, got {record!r:.80}'
-                )
-            a, b = record["src"], record["dst"]
-            if "weight" in record or "features" in record:
-                raise InputFileError(f"{path}:{n}: edges to remove take no edge data")
-        else:
-            if len(record) != 2:
-                raise InputFileError(f"{path}:{n}: expected 2 columns src,dst, got {len(record)}")
-            a, b = record
-        src.append(_int(path, n, "src", a))
-        dst.append(_int(path, n, "dst", b))
-    if not src:
-        raise InputFileError(f"{path}: no edges")
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    rows = _edge_rows(path, data=False)
+    return rows.src, rows.dst
 
 
-EdgeData = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
-"""``(src, dst, weights [k] or None, features [k, d_e] or None)``."""
-
-
-def read_edges_with_data(path: Path, edge_data: str = "weight") -> EdgeData:
+def read_edges_with_data(
+    path: Path, edge_data: str = "weight", *, relation_column: bool = False
+) -> EdgeRows:
     """The edges of an edges file with their edge data, if the file has any (see the
     module docstring; ``edge_data``: what a CSV's extra columns are, ``"weight"`` or
-    ``"features"``).
+    ``"features"``; ``relation_column``: the third CSV column is the relation name).
 
     Raises:
         InputFileError: an unreadable file, a bad line (named), rows of unequal width,
             or no edges.
     """
+    return _edge_rows(path, edge_data=edge_data, relation_column=relation_column)
+
+
+def _edge_rows(
+    path: Path, *, data: bool = True, edge_data: str = "weight", relation_column: bool = False
+) -> EdgeRows:
+    """One parser for every edges file: ``data=False`` refuses edge data (named line)."""
     src: list[int] = []
     dst: list[int] = []
     weights: list[float] = []
     feats: list[list[float]] = []
-    shape = None  # (has a weight, feature count) of the first row; every row must match
+    relations: list[str] = []
+    shape = None  # (relation, weight, feature count) of the first row; every row must match
     for n, record in _records(path):
         if _ndjson(path):
             if not isinstance(record, dict) or "src" not in record or "dst" not in record:
@@ -215,16 +225,19 @@ def read_edges_with_data(path: Path, edge_data: str = "weight") -> EdgeData:
                     f'{path}:{n}: expected {{"src": ..., "dst": ...}}, got {record!r:.80}'
                 )
             a, b = record["src"], record["dst"]
-            w = record.get("weight")
+            r, w = record.get("relation"), record.get("weight")
             f = record.get("features", [])
             if not isinstance(f, list):
                 raise InputFileError(f"{path}:{n}: features must be a list, got {f!r:.80}")
         else:
-            if len(record) < 2:
-                raise InputFileError(f"{path}:{n}: expected columns src,dst, got {len(record)}")
+            if len(record) < 2 or (not data and len(record) != 2):
+                raise InputFileError(f"{path}:{n}: expected 2 columns src,dst, got {len(record)}")
             a, b, *extra = record
+            r = extra.pop(0) if relation_column and extra else None
             w, f = (extra[0], extra[1:]) if extra and edge_data == "weight" else (None, extra)
-        row = (w is not None, len(f))
+        row = (r is not None, w is not None, len(f))
+        if not data and any(row):
+            raise InputFileError(f"{path}:{n}: edges to remove take no edge data")
         if shape is None:
             shape = row
         elif row != shape:
@@ -233,23 +246,32 @@ def read_edges_with_data(path: Path, edge_data: str = "weight") -> EdgeData:
             )
         src.append(_int(path, n, "src", a))
         dst.append(_int(path, n, "dst", b))
+        if r is not None:
+            if not isinstance(r, str | int) or isinstance(r, bool) or not str(r).strip():
+                raise InputFileError(f"{path}:{n}: relation must be a name, got {r!r:.80}")
+            relations.append(str(r).strip())
         if w is not None:
             weights.append(_float(path, n, "weight", w))
         feats.append([_float(path, n, k, v) for k, v in enumerate(f)])
     if not src:
         raise InputFileError(f"{path}: no edges")
-    has_weight, width = shape
-    return (
+    has_relation, has_weight, width = shape
+    return EdgeRows(
         np.asarray(src, dtype=np.int64),
         np.asarray(dst, dtype=np.int64),
         np.asarray(weights, dtype=np.float32) if has_weight else None,
         np.asarray(feats, dtype=np.float32) if width else None,
+        relations if has_relation else None,
     )
 
 
-def _describe(shape: tuple[bool, int]) -> str:
-    weight, width = shape
-    parts = (["a weight"] if weight else []) + ([f"{width} features"] if width else [])
+def _describe(shape: tuple[bool, bool, int]) -> str:
+    relation, weight, width = shape
+    parts = (
+        (["a relation"] if relation else [])
+        + (["a weight"] if weight else [])
+        + ([f"{width} features"] if width else [])
+    )
     return " and ".join(parts) or "none"
 
 
@@ -275,6 +297,14 @@ def update_cmd(
             "weight, further ones features) or 'features' (all are features).",
         ),
     ] = "weight",
+    relation_column: Annotated[
+        bool,
+        typer.Option(
+            "--relation-column",
+            help="The third CSV column of --edges is each edge's relation name (a graph "
+            'with typed edges; edge data columns follow it). NDJSON: a "relation" key.',
+        ),
+    ] = False,
     remove_edges: Annotated[
         Path | None,
         typer.Option("--remove-edges", **_File, help="Edges to remove (every copy)."),
@@ -308,8 +338,8 @@ def update_cmd(
             "set_features": read_node_rows(features) if features else None,
         }
         if edges:
-            src, dst, weights, feats = read_edges_with_data(edges, edge_data)
-            batch |= {"add_edges": (src, dst), "edge_weights": weights, "edge_features": feats}
+            rows = read_edges_with_data(edges, edge_data, relation_column=relation_column)
+            batch |= rows.update_fields()
     except InputFileError as err:
         fail(str(err))
     options = client_options(tls, root_certs, client_cert, client_key, token, token_file)

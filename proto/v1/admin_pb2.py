@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hopserve.proto.v1 import embedding_pb2 as hopserve_dot_proto_dot_v1_dot_embedding__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhopserve/proto/v1/admin.proto\x12\x0bhopserve.v1\x1a!hopserve/proto/v1/embedding.proto\"\xea\x01\n\x12UpdateGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\tadd_nodes\x18\x02 \x01(\x0b\x32\x15.hopserve.v1.NodeRows\x12(\n\tadd_edges\x18\x03 \x01(\x0b\x32\x15.hopserve.v1.EdgeList\x12+\n\x0cremove_edges\x18\x04 \x01(\x0b\x32\x15.hopserve.v1.EdgeList\x12+\n\x0cset_features\x18\x05 \x01(\x0b\x32\x15.hopserve.v1.NodeRows\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"\xe8\x01\n\x13UpdateGraphResponse\x12\x11\n\tgraph_seq\x18\x01 \x01(\x04\x12\x15\n\rgraph_version\x18\x02 \x01(\t\x12\x13\n\x0bnodes_added\x18\x03 \x01(\x03\x12\x13\n\x0b\x65\x64ges_added\x18\x04 \x01(\x03\x12\x15\n\redges_removed\x18\x05 \x01(\x03\x12\x14\n\x0c\x66\x65\x61tures_set\x18\x06 \x01(\x03\x12\x18\n\x10rows_invalidated\x18\x07 \x01(\x03\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x11\n\tnum_nodes\x18\t \x01(\x03\x12\x11\n\tnum_edges\x18\n \x01(\x03\"$\n\x13\x43ompactGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\" \n\x0fGetGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xc7\x01\n\tGraphInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x15\n\rgraph_version\x18\x02 \x01(\t\x12\x11\n\tgraph_seq\x18\x03 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x04 \x01(\x04\x12\x13\n\x0blog_batches\x18\x05 \x01(\x03\x12\x11\n\tlog_bytes\x18\x06 \x01(\x03\x12\x11\n\tnum_nodes\x18\x07 \x01(\x03\x12\x11\n\tnum_edges\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x12\n\ncompacting\x18\n \x01(\x08\"8\n\x10LoadModelRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x14\n\x0cmake_default\x18\x02 \x01(\x08\"3\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"@\n\x13UnloadModelResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10\x64rained_requests\x18\x02 \x01(\x03\"g\n\x16SetDefaultModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61nary_version\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61nary_percent\x18\x04 \x01(\r2\xd2\x03\n\x0c\x41\x64minService\x12P\n\x0bUpdateGraph\x12\x1f.hopserve.v1.UpdateGraphRequest\x1a .hopserve.v1.UpdateGraphResponse\x12H\n\x0c\x43ompactGraph\x12 .hopserve.v1.CompactGraphRequest\x1a\x16.hopserve.v1.GraphInfo\x12@\n\x08GetGraph\x12\x1c.hopserve.v1.GetGraphRequest\x1a\x16.hopserve.v1.GraphInfo\x12\x42\n\tLoadModel\x12\x1d.hopserve.v1.LoadModelRequest\x1a\x16.hopserve.v1.ModelInfo\x12P\n\x0bUnloadModel\x12\x1f.hopserve.v1.UnloadModelRequest\x1a .hopserve.v1.UnloadModelResponse\x12N\n\x0fSetDefaultModel\x12#.hopserve.v1.SetDefaultModelRequest\x1a\x16.hopserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhopserve/proto/v1/admin.proto\x12\x0bhopserve.v1\x1a!hopserve/proto/v1/embedding.proto\"\xea\x01\n\x12UpdateGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\tadd_nodes\x18\x02 \x01(\x0b\x32\x15.hopserve.v1.NodeRows\x12(\n\tadd_edges\x18\x03 \x01(\x0b\x32\x15.hopserve.v1.EdgeList\x12+\n\x0cremove_edges\x18\x04 \x01(\x0b\x32\x15.hopserve.v1.EdgeList\x12+\n\x0cset_features\x18\x05 \x01(\x0b\x32\x15.hopserve.v1.NodeRows\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"\xe8\x01\n\x13UpdateGraphResponse\x12\x11\n\tgraph_seq\x18\x01 \x01(\x04\x12\x15\n\rgraph_version\x18\x02 \x01(\t\x12\x13\n\x0bnodes_added\x18\x03 \x01(\x03\x12\x13\n\x0b\x65\x64ges_added\x18\x04 \x01(\x03\x12\x15\n\redges_removed\x18\x05 \x01(\x03\x12\x14\n\x0c\x66\x65\x61tures_set\x18\x06 \x01(\x03\x12\x18\n\x10rows_invalidated\x18\x07 \x01(\x03\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x11\n\tnum_nodes\x18\t \x01(\x03\x12\x11\n\tnum_edges\x18\n \x01(\x03\"$\n\x13\x43ompactGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\" \n\x0fGetGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xda\x01\n\tGraphInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x15\n\rgraph_version\x18\x02 \x01(\t\x12\x11\n\tgraph_seq\x18\x03 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x04 \x01(\x04\x12\x13\n\x0blog_batches\x18\x05 \x01(\x03\x12\x11\n\tlog_bytes\x18\x06 \x01(\x03\x12\x11\n\tnum_nodes\x18\x07 \x01(\x03\x12\x11\n\tnum_edges\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x12\n\ncompacting\x18\n \x01(\x08\x12\x11\n\trelations\x18\x0b \x03(\t\"8\n\x10LoadModelRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x14\n\x0cmake_default\x18\x02 \x01(\x08\"3\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"@\n\x13UnloadModelResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10\x64rained_requests\x18\x02 \x01(\x03\"g\n\x16SetDefaultModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61nary_version\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61nary_percent\x18\x04 \x01(\r2\xd2\x03\n\x0c\x41\x64minService\x12P\n\x0bUpdateGraph\x12\x1f.hopserve.v1.UpdateGraphRequest\x1a .hopserve.v1.UpdateGraphResponse\x12H\n\x0c\x43ompactGraph\x12 .hopserve.v1.CompactGraphRequest\x1a\x16.hopserve.v1.GraphInfo\x12@\n\x08GetGraph\x12\x1c.hopserve.v1.GetGraphRequest\x1a\x16.hopserve.v1.GraphInfo\x12\x42\n\tLoadModel\x12\x1d.hopserve.v1.LoadModelRequest\x1a\x16.hopserve.v1.ModelInfo\x12P\n\x0bUnloadModel\x12\x1f.hopserve.v1.UnloadModelRequest\x1a .hopserve.v1.UnloadModelResponse\x12N\n\x0fSetDefaultModel\x12#.hopserve.v1.SetDefaultModelRequest\x1a\x16.hopserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,15 +41,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETGRAPHREQUEST']._serialized_start=591
   _globals['_GETGRAPHREQUEST']._serialized_end=623
   _globals['_GRAPHINFO']._serialized_start=626
-  _globals['_GRAPHINFO']._serialized_end=825
-  _globals['_LOADMODELREQUEST']._serialized_start=827
-  _globals['_LOADMODELREQUEST']._serialized_end=883
-  _globals['_UNLOADMODELREQUEST']._serialized_start=885
-  _globals['_UNLOADMODELREQUEST']._serialized_end=936
-  _globals['_UNLOADMODELRESPONSE']._serialized_start=938
-  _globals['_UNLOADMODELRESPONSE']._serialized_end=1002
-  _globals['_SETDEFAULTMODELREQUEST']._serialized_start=1004
-  _globals['_SETDEFAULTMODELREQUEST']._serialized_end=1107
-  _globals['_ADMINSERVICE']._serialized_start=1110
-  _globals['_ADMINSERVICE']._serialized_end=1576
+  _globals['_GRAPHINFO']._serialized_end=844
+  _globals['_LOADMODELREQUEST']._serialized_start=846
+  _globals['_LOADMODELREQUEST']._serialized_end=902
+  _globals['_UNLOADMODELREQUEST']._serialized_start=904
+  _globals['_UNLOADMODELREQUEST']._serialized_end=955
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=957
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=1021
+  _globals['_SETDEFAULTMODELREQUEST']._serialized_start=1023
+  _globals['_SETDEFAULTMODELREQUEST']._serialized_end=1126
+  _globals['_ADMINSERVICE']._serialized_start=1129
+  _globals['_ADMINSERVICE']._serialized_end=1595
 # @@protoc_insertion_point(module_scope)

@@ -60,7 +60,7 @@ class GetGraphRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GraphInfo(_message.Message):
-    __slots__ = ("path", "graph_version", "graph_seq", "base_seq", "log_batches", "log_bytes", "num_nodes", "num_edges", "models", "compacting")
+    __slots__ = ("path", "graph_version", "graph_seq", "base_seq", "log_batches", "log_bytes", "num_nodes", "num_edges", "models", "compacting", "relations")
     PATH_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRAPH_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class GraphInfo(_message.Message):
     NUM_EDGES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     COMPACTING_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
     path: str
     graph_version: str
     graph_seq: int
@@ -81,7 +82,8 @@ class GraphInfo(_message.Message):
     num_edges: int
     models: _containers.RepeatedScalarFieldContainer[str]
     compacting: bool
-    def __init__(self, path: _Optional[str] = ..., graph_version: _Optional[str] = ..., graph_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., log_batches: _Optional[int] = ..., log_bytes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., num_edges: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., compacting: _Optional[bool] = ...) -> None: ...
+    relations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, path: _Optional[str] = ..., graph_version: _Optional[str] = ..., graph_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., log_batches: _Optional[int] = ..., log_bytes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., num_edges: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., compacting: _Optional[bool] = ..., relations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
     __slots__ = ("config", "make_default")

@@ -38,20 +38,22 @@ class NodeRows(_message.Message):
     def __init__(self, node_ids: _Optional[_Iterable[int]] = ..., features: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class EdgeList(_message.Message):
-    __slots__ = ("src", "dst", "weights", "features", "feature_dim", "dtype")
+    __slots__ = ("src", "dst", "weights", "features", "feature_dim", "dtype", "relations")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
     src: _containers.RepeatedScalarFieldContainer[int]
     dst: _containers.RepeatedScalarFieldContainer[int]
     weights: bytes
     features: bytes
     feature_dim: int
     dtype: DType
-    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., weights: _Optional[bytes] = ..., features: _Optional[bytes] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    relations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., weights: _Optional[bytes] = ..., features: _Optional[bytes] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., relations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("fanouts", "cache_policy", "seed")

@@ -4,9 +4,9 @@ entrypoints ``support.edge_models:<name>``)."""
 from __future__ import annotations
 
 from torch import nn
-from torch_geometric.nn import GATConv, GATv2Conv, GINEConv
+from torch_geometric.nn import GATConv, GATv2Conv, GINEConv, RGCNConv
 
-__all__ = ["EdgeFeatureNet", "GINENet"]
+__all__ = ["EdgeFeatureNet", "GINENet", "RelationalGCN"]
 
 
 class EdgeFeatureNet(nn.Module):
@@ -34,3 +34,16 @@ class GINENet(nn.Module):
 
     def forward(self, x, edge_index, edge_attr):  # noqa: ANN001, ANN201
         return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
+
+
+class RelationalGCN(nn.Module):
+    """Two ``RGCNConv`` layers over the graph's relation ids: ``forward(x, edge_index,
+    edge_type)`` (mean per relation, then sum with bases)."""
+
+    def __init__(self, d_in: int, relations: int = 3, hidden: int = 16, d_out: int = 5) -> None:
+        super().__init__()
+        self.conv1 = RGCNConv(d_in, hidden, relations)
+        self.conv2 = RGCNConv(hidden, d_out, relations, num_bases=2, aggr="add")
+
+    def forward(self, x, edge_index, edge_type):  # noqa: ANN001, ANN201
+        return self.conv2(self.conv1(x, edge_index, edge_type).relu(), edge_index, edge_type)

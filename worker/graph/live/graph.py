@@ -579,6 +579,8 @@ class LiveGraph:
                 flags=snap.meta.flags,
                 edge_weight=snap.edge_weight,  # CSC order, as the snapshot keeps them
                 edge_features=snap.edge_features,
+                edge_type=snap.edge_type,
+                relations=snap.meta.relations,
             )
             write_contents(target, contents, overwrite=True, progress=progress)
             info = {"dir": name, "seq": snap.seq}
@@ -640,6 +642,7 @@ class LiveGraph:
             "num_nodes": snap.num_nodes,
             "num_edges": snap.num_edges,
             "compacting": self.compacting,
+            "relations": list(snap.meta.relations or []),
         }
 
 

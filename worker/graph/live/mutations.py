@@ -11,7 +11,10 @@ Edge data: on a graph whose store holds an edge weight column (``edge_weight``) 
 edge features (``edge_features``, width ``d_e``), every added edge carries its weight /
 feature row (:attr:`MutationBatch.add_edge_weight`, :attr:`MutationBatch.add_edge_features`);
 a missing one, a wrong width, NaN/Inf, or edge data for a column the graph lacks is
-refused. Removed edges take their data with them and need none.
+refused. On a graph with typed edges (``edge_type``, relation names in its meta) every
+added edge names its relation (:attr:`MutationBatch.add_edge_type`: names or ids); an
+unknown one is refused. Removed edges take their data with them and need none; removing
+``src -> dst`` removes it under every relation.
 
 Log bytes (:func:`encode` / :func:`decode`): no pickle, only a fixed header per array
 (name, dtype code, length) and the raw little-endian values. A batch carrying edge data
@@ -108,6 +111,9 @@ class MutationBatch:
     add_edge_features: np.ndarray | None = None
     """Feature row of each added edge, float ``[len(add_src), d_e]``: required on a graph
     holding edge features (``d_e`` its width), refused on one without."""
+    add_edge_type: np.ndarray | list | None = None
+    """Relation of each added edge, ``[len(add_src)]`` names (strings) or ids: required on
+    a graph with typed edges, refused on one without."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -162,6 +168,8 @@ class ResolvedBatch:
     """float32 ``[len(add_src)]`` when the graph holds an edge weight column, else ``None``."""
     add_edge_features: np.ndarray | None = None
     """float32 ``[len(add_src), d_e]`` when the graph holds edge features, else ``None``."""
+    add_edge_type: np.ndarray | None = None
+    """int16 ``[len(add_src)]`` relation ids when the graph has typed edges, else ``None``."""
 
 
 def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
@@ -270,6 +278,40 @@ def _edge_features(values: object, graph, n: int) -> np.ndarray | None:  # noqa:
     )
 
 
+def _edge_type(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN001
+    """The added edges' relation ids as int16 ``[n]``, or ``None`` on a graph without
+    typed edges (see :func:`resolve` for what is refused)."""
+    from hopserve.worker.graph.relations import relation_ids
+
+    names = graph.meta.relations
+    given = values is not None and not (np.size(values) == 0 and n == 0)
+    if names is None:
+        if given:
+            raise InvalidUpdateError(
+                f"add_edges.relations: the graph has no typed edges, but {np.size(values)} "
+                "relation(s) were given (refused, not dropped)"
+            )
+        return None
+    if values is None or (np.size(values) == 0 and n):
+        if n:
+            raise InvalidUpdateError(
+                f"add_edges.relations: the graph's edges are typed ({', '.join(names[:8])}), "
+                f"but the {n} added edge(s) name no relation"
+            )
+        return np.zeros(0, dtype=np.int16)
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise InvalidUpdateError(
+            f"add_edges.relations: shape {list(arr.shape)}, expected one relation per added "
+            f"edge [{n}]"
+        )
+    try:
+        ids, _ = relation_ids(arr, names)
+    except ValueError as err:
+        raise InvalidUpdateError(f"add_edges.relations: {err}") from None
+    return ids
+
+
 def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
     """Check ``batch`` against ``graph`` (a snapshot) and map it to storage ids.
 
@@ -279,7 +321,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             edge, a wrong feature width, NaN/Inf, mismatched lengths, a bad key; added
             edges without the weight / feature row the graph's edge columns need (named
             field and count), a wrong edge feature width (expected and given), NaN/Inf
-            edge data (edge index), edge data for a column the graph lacks.
+            edge data (edge index), edge data for a column the graph lacks; on a graph
+            with typed edges, added edges without a relation or with an unknown one.
     """
     key = batch.idempotency_key
     if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isprintable():
@@ -326,6 +369,7 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             raise InvalidUpdateError(f"{name}: {src.size} sources but {dst.size} destinations")
     add_weight = _edge_weight(batch.add_edge_weight, graph, batch.add_src.size)
     add_edge_features = _edge_features(batch.add_edge_features, graph, batch.add_src.size)
+    add_edge_type = _edge_type(batch.add_edge_type, graph, batch.add_src.size)
     r_src = storage(batch.remove_src, "remove_edges.src", False)
     r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
     if r_src.size:
@@ -357,6 +401,7 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
         idempotency_key=key,
         add_edge_weight=add_weight,
         add_edge_features=add_edge_features,
+        add_edge_type=add_edge_type,
     )
 
 
@@ -373,7 +418,11 @@ _CODES = {v: k for k, v in _DTYPES.items()}
 
 _EDGE_MAGIC = b"HSED"  # the edge trailer: magic, flags, then the flagged arrays
 _EDGE_FLAGS = struct.Struct("<B")
-_EDGE_ARRAYS = ((1, "add_edge_weight"), (2, "add_edge_features"))  # (flag bit, field)
+_EDGE_ARRAYS = (
+    (1, "add_edge_weight"),
+    (2, "add_edge_features"),
+    (4, "add_edge_type"),
+)  # (flag bit, field); int arrays are stored as int64 and typed by the snapshot
 
 
 def _pack(arr: np.ndarray, parts: list[bytes]) -> None:

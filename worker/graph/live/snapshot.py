@@ -22,6 +22,7 @@ import numpy as np
 from hopserve.worker.graph.errors import UnknownNodeError
 from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
+    EDGE_TYPE_FILE,
     EDGE_WEIGHT_FILE,
     GraphMeta,
     indices_dtype_for,
@@ -114,13 +115,14 @@ class GraphSnapshot(GraphTopology):
         self_loops: np.ndarray | None = None,
         edge_weight: np.ndarray | None = None,
         edge_features: np.ndarray | None = None,
+        edge_type: np.ndarray | None = None,
     ) -> None:
-        if path is not None and edge_weight is None and edge_features is None:
+        if path is not None and edge_weight is None and edge_features is None and edge_type is None:
             # A base store's columns, mapped from its folder (not passed by every caller).
-            edge_weight, edge_features = _edge_columns(meta, path)
+            edge_weight, edge_features, edge_type = _edge_columns(meta, path)
         super().__init__(
             meta, indptr, indices, node_ids, path,
-            edge_weight=edge_weight, edge_features=edge_features,
+            edge_weight=edge_weight, edge_features=edge_features, edge_type=edge_type,
         )  # fmt: skip
         self.seq = int(seq)
         self.base_version = base_version
@@ -141,6 +143,7 @@ class GraphSnapshot(GraphTopology):
             topology.meta, topology.indptr, topology.indices, topology.node_ids, topology.path,
             seq=0, base_version=topology.version,
             edge_weight=topology.edge_weight, edge_features=topology.edge_features,
+            edge_type=topology.edge_type,
         )  # fmt: skip
 
     @property
@@ -193,15 +196,18 @@ class GraphSnapshot(GraphTopology):
         return self.id_index.sorted_order()
 
 
-def _edge_columns(meta: GraphMeta, path) -> tuple[np.ndarray | None, np.ndarray | None]:  # noqa: ANN001
-    """The edge columns ``meta`` says the store at ``path`` holds (memory-mapped)."""
+def _edge_columns(meta: GraphMeta, path) -> tuple[np.ndarray | None, ...]:  # noqa: ANN001
+    """``(weight, features, type)``: the edge columns ``meta`` says the store at ``path``
+    holds (memory-mapped), ``None`` for the others."""
     e, d_e = meta.num_edges, meta.edge_feature_dim
-    weight = features = None
+    weight = features = types = None
     if meta.has_edge_weight:
         weight = load_array(path, EDGE_WEIGHT_FILE, dtype=np.float32, shape=(e,))
     if d_e is not None:
         features = load_array(path, EDGE_FEATURES_FILE, dtype=np.float32, shape=(e, d_e))
-    return weight, features
+    if meta.relations is not None:
+        types = load_array(path, EDGE_TYPE_FILE, dtype=np.int16, shape=(e,))
+    return weight, features, types
 
 
 def build_csr(indptr: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -321,7 +327,7 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         batch.remove_dst, batch.remove_src, batch.add_dst, batch.add_src,
         [(old, added) for _, old, added in columns],
     )  # fmt: skip
-    edge_cols = {name: None for name in ("edge_weight", "edge_features")}
+    edge_cols = {name: None for name in ("edge_weight", "edge_features", "edge_type")}
     edge_cols.update((name, values) for (name, _, _), values in zip(columns, spliced, strict=True))
     in_deg = np.diff(indptr)
     out_deg = np.zeros(n, dtype=np.int64)
@@ -370,6 +376,7 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         seq=batch.seq, base_version=snap.base_version, id_index=index,
         in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
         edge_weight=edge_cols["edge_weight"], edge_features=edge_cols["edge_features"],
+        edge_type=edge_cols["edge_type"],
     )  # fmt: skip
 
 
@@ -384,6 +391,7 @@ def _edge_data(
     for name, field, old in (
         ("edge_weight", "add_edge_weight", snap.edge_weight),
         ("edge_features", "add_edge_features", snap.edge_features),
+        ("edge_type", "add_edge_type", snap.edge_type),
     ):
         added = getattr(batch, field)
         if old is None:
@@ -398,6 +406,16 @@ def _edge_data(
             )
         if added is None:
             added = old[:0]
+        if added.dtype.kind != old.dtype.kind or (
+            old.dtype.kind in "iu"
+            and added.size
+            and (int(added.min()) < 0 or int(added.max()) >= len(snap.meta.relations or []))
+        ):
+            raise InvalidUpdateError(
+                f"batch {batch.seq}: {field} holds {added.dtype} values that {name} "
+                f"({old.dtype}) cannot take"
+            )
+        added = added.astype(old.dtype, copy=False)  # a log record holds int64 ids
         if added.shape[0] != k or added.shape[1:] != old.shape[1:]:
             raise InvalidUpdateError(
                 f"batch {batch.seq}: {field} has shape {list(added.shape)}, expected "
