@@ -407,3 +407,123 @@ def synth_sbm_cmd(
         )
     )
     typer.echo(f"wrote {out}: {store!r}")
+
+
+@synth_app.command("recommender")
+def synth_recommender_cmd(
+    out: Out,
+    users: Annotated[int, typer.Option("--users", min=1, help="User nodes.")] = 600_000,
+    items: Annotated[int, typer.Option("--items", min=1, help="Item nodes.")] = 380_000,
+    categories: Annotated[int, typer.Option("--categories", min=1, help="Category nodes.")] = 2_000,
+    dim: Annotated[int, typer.Option("--dim", min=1, help="Feature width (all types).")] = 64,
+    avg_clicks: Annotated[
+        float, typer.Option("--avg-clicks", min=0, help="Clicks per user (Poisson mean).")
+    ] = 7.0,
+    seed: Seed = 0,
+    separation: Separation = 2.0,
+    reorder: ReorderOpt = Reorder.rcmk,
+    force: Force = False,
+    progress: Progress = True,
+) -> None:
+    """Typed recommender graph: users, items, categories; clicks, buys, belongs-to and
+    reverses (labels: a user's preferred category, an item's category)."""
+    from hopserve.worker.graph.synth_hetero import synth_recommender
+
+    store = _run(
+        lambda: synth_recommender(
+            users, items, categories, dim, avg_clicks=avg_clicks, separation=separation,
+            seed=seed, reorder=reorder.value, out=out, overwrite=force, progress=progress,
+        )
+    )  # fmt: skip
+    typer.echo(f"wrote {out}: {store!r}")
+
+
+@synth_app.command("fraud")
+def synth_fraud_cmd(
+    out: Out,
+    accounts: Annotated[int, typer.Option("--accounts", min=1)] = 200_000,
+    devices: Annotated[int, typer.Option("--devices", min=1)] = 150_000,
+    merchants: Annotated[int, typer.Option("--merchants", min=1)] = 20_000,
+    transactions: Annotated[int, typer.Option("--transactions", min=1)] = 600_000,
+    dim: Annotated[int, typer.Option("--dim", min=1, help="Feature width (all types).")] = 32,
+    ring_fraction: Annotated[
+        float, typer.Option("--ring-fraction", min=0, max=0.99, help="Accounts in fraud rings.")
+    ] = 0.02,
+    seed: Seed = 0,
+    separation: Separation = 2.0,
+    reorder: ReorderOpt = Reorder.rcmk,
+    force: Force = False,
+    progress: Progress = True,
+) -> None:
+    """Typed fraud graph: accounts, devices, merchants, transactions (labels: ring
+    membership, fraudulent transactions)."""
+    from hopserve.worker.graph.synth_hetero import synth_fraud
+
+    store = _run(
+        lambda: synth_fraud(
+            accounts, devices, merchants, transactions, dim, ring_fraction=ring_fraction,
+            separation=separation, seed=seed, reorder=reorder.value, out=out, overwrite=force,
+            progress=progress,
+        )
+    )  # fmt: skip
+    typer.echo(f"wrote {out}: {store!r}")
+
+
+def _pairs(values: list[str], what: str, arity: int) -> dict:
+    """``KEY=PATH`` options -> ``{key: path}`` (``KEY`` split on ``:`` when ``arity > 1``)."""
+    out: dict = {}
+    for value in values:
+        key, sep, path = value.partition("=")
+        parts = key.split(":")
+        if not sep or not path or len(parts) != arity or not all(parts):
+            want = "TYPE=PATH" if arity == 1 else "SRC:RELATION:DST=PATH"
+            fail(f"{what} {value!r}: expected {want}")
+        out[parts[0] if arity == 1 else tuple(parts)] = Path(path)
+    return out
+
+
+@app.command("ingest-typed")
+def ingest_typed_cmd(
+    out: Out,
+    nodes: Annotated[
+        list[str],
+        typer.Option("--nodes", help="TYPE=features.npy [N_t, F_t], one per node type (repeat)."),
+    ],
+    edges: Annotated[
+        list[str],
+        typer.Option(
+            "--edges",
+            help="SRC:RELATION:DST=edge file, one per relation (repeat); endpoints are the "
+            "types' own indices 0..N_t-1; any format and edge data columns of `ingest`.",
+        ),
+    ],
+    labels: Annotated[
+        list[str] | None, typer.Option("--labels", help="TYPE=labels.npy [N_t] (repeat).")
+    ] = None,
+    edge_data: Annotated[
+        EdgeData, typer.Option("--edge-data", help="As for `ingest`.")
+    ] = EdgeData.weight,
+    delimiter: Annotated[
+        str | None, typer.Option("--delimiter", help="Text edge files: ',', 'tab', 'space'.")
+    ] = None,
+    skip_header: Annotated[bool, typer.Option("--skip-header", help="Text: skip line 1.")] = False,
+    reorder: ReorderOpt = Reorder.rcmk,
+    force: Force = False,
+    progress: Progress = True,
+) -> None:
+    """Build a typed graph store (node types, relations) from per-type node files and
+    per-relation edge files."""
+    from hopserve.worker.graph.ingest_typed import ingest_typed
+
+    node_files = _pairs(nodes, "--nodes", 1)
+    edge_files = _pairs(edges, "--edges", 3)
+    label_files = _pairs(labels or [], "--labels", 1)
+    delim = _parse_delimiter(delimiter)
+    store = _run(
+        lambda: ingest_typed(
+            node_files, edge_files, out=out, labels=label_files or None, reorder=reorder.value,
+            delimiter=delim, skip_header=skip_header, edge_data=edge_data.value, overwrite=force,
+            progress=progress,
+        )
+    )  # fmt: skip
+    typer.echo(f"wrote {out}: {store!r}")

@@ -90,3 +90,26 @@ def test_a_graph_without_relation_ids_is_refused_naming_the_argument(graph):
     ei, x, _ = graph
     with pytest.raises(ModelTraceError, match="edge data 'etype'"):
         LayerwiseEvaluator(RGCN().eval(), GraphStore.from_edge_index(ei, x), progress=False)
+
+
+def test_a_heterograph_becomes_a_typed_store_equal_to_its_to_homogeneous():
+    hg = dgl.heterograph(
+        {
+            ("user", "clicks", "item"): ([0, 1, 2, 2], [0, 0, 1, 2]),
+            ("item", "clicked-by", "user"): ([0, 0, 1, 2], [0, 1, 2, 2]),
+            ("user", "follows", "user"): ([0, 1], [1, 2]),
+        }
+    )
+    hg.nodes["user"].data["feat"] = torch.randn(3, 4)
+    hg.nodes["item"].data["feat"] = torch.randn(3, 4)
+    store = GraphStore.from_dgl(hg)
+    homo = dgl.to_homogeneous(hg, ndata=["feat"])
+    assert [t.name for t in store.node_types] == hg.ntypes
+    assert store.relations == ["__".join(c) for c in hg.canonical_etypes]
+    order = store.sorted_external_order()
+    assert torch.equal(store.features[order], homo.ndata["feat"])
+    src, dst = homo.edges()
+    want = Counter(zip(src.tolist(), dst.tolist(), homo.edata[dgl.ETYPE].tolist(), strict=True))
+    ext = store.to_external(store.edge_index())
+    got = Counter(zip(ext[0].tolist(), ext[1].tolist(), store.edge_type.tolist(), strict=True))
+    assert got == want

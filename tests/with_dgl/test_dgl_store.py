@@ -63,8 +63,9 @@ def test_from_dgl_feature_keys_and_refusals():
     hetero = dgl.heterograph(
         {("user", "follows", "user"): ([0], [1]), ("user", "buys", "item"): ([0], [0])}
     )
-    with pytest.raises(ValueError, match="homogeneous.*to_homogeneous"):
-        GraphStore.from_dgl(hetero)
+    typed = GraphStore.from_dgl(hetero)  # a heterograph: a typed store (no features here)
+    assert [t.name for t in typed.node_types] == ["item", "user"]
+    assert typed.relations == ["user__buys__item", "user__follows__user"]
 
 
 def test_cli_ingest_from_dgl(tmp_path):

@@ -331,6 +331,7 @@ def build_csc(
     reorder: str | None = "rcmk",
     progress: bool = False,
     track_edges: bool = False,
+    node_groups: np.ndarray | None = None,
 ) -> CSC:
     """Build CSC (in-edges grouped by destination) from ``src -> dst`` edges.
 
@@ -350,6 +351,8 @@ def build_csc(
             edge is the input edge it mirrors (:func:`mirrored_reverse_edges`), so it gets
             that edge's data. Not with ``add_self_loops`` or ``dedup``: added loops would
             have no edge data and ``dedup`` would have to merge differing edge rows.
+        node_groups: ``[N]`` non-decreasing group (node type) per node: RCMK then orders
+            nodes within each group, so each group keeps its contiguous id range.
 
     Returns:
         The CSC, with :class:`BuildStats` of what each transform added or removed.
@@ -430,6 +433,8 @@ def build_csc(
         perm = None
         if ordering == "rcmk":
             perm = rcmk_permutation(indptr, indices, n, symmetric=symmetrize)
+            if node_groups is not None:  # RCMK order within each group's own range
+                perm = perm[np.argsort(np.asarray(node_groups)[perm], kind="stable")]
             if edge_order is not None:
                 indptr, indices, moved = permute_csc(indptr, indices, perm, edge_order=True)
                 edge_order = edge_order[moved]

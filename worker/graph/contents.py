@@ -39,6 +39,7 @@ from hopserve.worker.graph.format import (
     INDPTR_FILE,
     LABELS_FILE,
     NODE_IDS_FILE,
+    TYPED_FORMAT_VERSION,
     GraphFlags,
     GraphMeta,
     utc_now,
@@ -145,6 +146,7 @@ class StoreContents:
     edge_features: np.ndarray | None = None  # float32 [E, d_e]
     edge_type: np.ndarray | None = None  # int16 [E] relation ids
     relations: list[str] | None = None  # relation names by id (with edge_type)
+    node_types: list[Any] | None = None  # NodeTypeInfo per type, in id order
 
     @property
     def num_nodes(self) -> int:
@@ -187,6 +189,9 @@ class StoreContents:
         }
         if self.edge_type is not None:  # absent otherwise: older stores hash as before
             fields["relations"] = list(self.relations or [])
+        if self.node_types is not None:
+            fields["format_version"] = TYPED_FORMAT_VERSION
+            fields["node_types"] = [t.model_dump() for t in self.node_types]
         return fields
 
     def feature_chunks(self, *, progress: bool = False) -> Iterator[tuple[int, np.ndarray]]:
@@ -229,6 +234,7 @@ def contents_from_csc(
     edge_features: np.ndarray | None = None,
     edge_type: np.ndarray | None = None,
     relations: list[str] | None = None,
+    node_types: list[Any] | None = None,
 ) -> StoreContents:
     """Pair a CSC with features/labels/external IDs given in INPUT order.
 
@@ -238,7 +244,9 @@ def contents_from_csc(
     ``edge_weight`` ``[E]`` / ``edge_features`` ``[E, d_e]`` are given per INPUT edge and
     follow their edges into CSC order (the CSC must be built with ``track_edges``), as
     does ``edge_type`` ``[E]`` (relation ids or names, see
-    :func:`~.relations.relation_ids`; ``relations`` names them).
+    :func:`~.relations.relation_ids`; ``relations`` names them). ``node_types``
+    (:class:`~.node_types.NodeTypeInfo` per type, input id ranges) must be kept by the
+    CSC's permutation (built with ``node_groups``).
 
     Raises:
         ValueError: bad shapes or values (naming the first bad row or edge).
@@ -289,7 +297,22 @@ def contents_from_csc(
         edge_features=edge_features,
         edge_type=edge_type,
         relations=relations,
+        node_types=_kept_node_types(node_types, perm),
     )
+
+
+def _kept_node_types(node_types: list[Any] | None, perm: np.ndarray | None) -> list[Any] | None:
+    """``node_types`` when the permutation keeps every type's id range, else raise."""
+    if node_types is None or perm is None:
+        return node_types
+    for t in node_types:
+        moved = perm[t.offset : t.offset + t.count]
+        if moved.size and (moved.min() < t.offset or moved.max() >= t.offset + t.count):
+            raise ValueError(
+                f"the node order moves node type {t.name!r} out of its range (build the CSC "
+                "with node_groups)"
+            )
+    return node_types
 
 
 @dataclass

@@ -17,7 +17,9 @@ A graph store is a directory holding ``meta.json`` plus ``.npy`` arrays, all in 
 - ``edge_type.npy``     int16 ``[E]`` (optional): the relation id of each edge, in CSC order;
   ``relations`` in the meta names them (id ``r`` is ``relations[r]``).
 
-A store holding edge columns is written as format version 2 (``has_edge_weight`` /
+A store with typed node sets (``node_types`` in the meta: name, offset, count and feature
+width of each type, see :mod:`~.node_types`) is format version 3; without them a store
+holding edge columns is written as format version 2 (``has_edge_weight`` /
 ``edge_feature_dim`` / ``relations`` in the meta), so a hopserve that predates them refuses it instead of
 serving the graph without its edge data; a store without them stays version 1, with the
 same meta and content hash as before.
@@ -34,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hopserve.worker.graph.errors import GraphFormatError
+from hopserve.worker.graph.node_types import NodeTypeInfo
 
 __all__ = [
     "FORMAT_VERSION",
@@ -66,6 +69,7 @@ EDGE_WEIGHT_FILE = "edge_weight.npy"
 EDGE_FEATURES_FILE = "edge_features.npy"
 EDGE_TYPE_FILE = "edge_type.npy"
 EDGE_FORMAT_VERSION = 2  # a store with edge columns; 1 without (unchanged)
+TYPED_FORMAT_VERSION = 3  # a store with node types (and its relations)
 
 Ordering = Literal["rcmk", "identity"]
 FeatureDtype = Literal["float32", "float16"]
@@ -97,7 +101,7 @@ class GraphMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    format_version: Literal[1, 2] = FORMAT_VERSION
+    format_version: Literal[1, 2, 3] = FORMAT_VERSION
     num_nodes: int = Field(ge=0)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=0)
@@ -119,6 +123,11 @@ class GraphMeta(BaseModel):
         min_length=1,
         description="relation names by id, the values of edge_type.npy [E] (v2); None: absent",
     )
+    node_types: list[NodeTypeInfo] | None = Field(
+        default=None,
+        min_length=1,
+        description="typed node sets as storage-id ranges (v3); None: one untyped set",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphMeta:
@@ -131,7 +140,24 @@ class GraphMeta(BaseModel):
         has_edge_data = (
             self.has_edge_weight or self.edge_feature_dim is not None or self.relations is not None
         )
-        if has_edge_data != (self.format_version == EDGE_FORMAT_VERSION):
+        if self.node_types is not None:
+            from hopserve.worker.graph.node_types import (
+                check_node_types,
+                check_typed_relations,
+            )
+
+            if self.format_version != TYPED_FORMAT_VERSION:
+                raise ValueError(
+                    f"format_version {self.format_version} with node_types: version 3 "
+                    "exactly when node types are present"
+                )
+            check_node_types(self.node_types, self.num_nodes, self.feature_dim)
+            if self.relations is None:
+                raise ValueError("a store with node_types needs relations (typed edges)")
+            check_typed_relations(self.relations, [t.name for t in self.node_types])
+        elif self.format_version == TYPED_FORMAT_VERSION:
+            raise ValueError("format_version 3 is a store with node_types, which is missing")
+        elif has_edge_data != (self.format_version == EDGE_FORMAT_VERSION):
             raise ValueError(
                 f"format_version {self.format_version} does not match the edge columns "
                 f"(has_edge_weight={self.has_edge_weight}, "
@@ -182,6 +208,8 @@ def write_meta(directory: str | Path, meta: GraphMeta) -> Path:
         fields.pop("edge_feature_dim")
     if meta.relations is None:  # stores without typed edges keep their v2 meta unchanged
         fields.pop("relations")
+    if meta.node_types is None:
+        fields.pop("node_types")
     path.write_text(json.dumps(fields, indent=2) + "\n")
     return path
 

@@ -277,6 +277,8 @@ class GraphStore:
         out (or pass ``edge_weight=`` / ``edge_attr=`` / ``edge_type=`` yourself). Other
         keywords go to :meth:`from_edge_index`.
         """
+        if hasattr(data, "node_types") and hasattr(data, "edge_index_dict"):  # HeteroData
+            return cls._from_pyg_hetero(data, **kw)
         if getattr(data, "x", None) is None or getattr(data, "edge_index", None) is None:
             raise ValueError("data must have x and edge_index")
         if edge_data:
@@ -294,6 +296,24 @@ class GraphStore:
         return cls.from_edge_index(data.edge_index, data.x, **kw)
 
     @classmethod
+    def _from_pyg_hetero(cls, data: Any, **kw: Any) -> GraphStore:
+        """A typed store from a ``HeteroData`` (``x`` per node type, ``edge_index`` per
+        edge type, integer ``y`` per node type as labels)."""
+        labels = {}
+        for t in data.node_types:
+            y = getattr(data[t], "y", None)
+            if isinstance(y, torch.Tensor) and not y.is_floating_point() and y.dim() <= 1:
+                labels[t] = y
+        return cls.from_hetero(
+            {t: data[t].x for t in data.node_types if getattr(data[t], "x", None) is not None},
+            dict(data.edge_index_dict),
+            labels_dict=labels or None,
+            num_nodes_dict={t: data[t].num_nodes for t in data.node_types},
+            node_types=list(data.node_types),
+            **kw,
+        )
+
+    @classmethod
     def from_dgl(
         cls,
         g: Any,
@@ -305,8 +325,10 @@ class GraphStore:
         edge_type_key: str | None = "auto",
         **kw: Any,
     ) -> GraphStore:
-        """Build from a homogeneous ``dgl.DGLGraph`` (edges, ``ndata`` features and labels,
-        ``edata`` weights and features).
+        """Build from a ``dgl.DGLGraph`` (edges, ``ndata`` features and labels, ``edata``
+        weights and features). A heterograph (several node or edge types) becomes a typed
+        store (:mod:`~.node_types`: ``feature_key`` per node type, default ``"feat"``;
+        ``label_key`` labels; the homogeneous form is ``dgl.to_homogeneous``'s).
 
         Node ``i`` of ``g`` keeps external ID ``i`` (unless ``node_ids=`` is given); edge
         direction is DGL's (``g.edges()[0]`` is the source); edge ``e`` keeps its ``edata``
@@ -332,15 +354,26 @@ class GraphStore:
                 ``add_self_loops``, ``dedup``, ``node_ids``, ``progress``, ``labels``).
 
         Raises:
-            ValueError: a heterograph, or no usable feature tensor (names the keys).
+            ValueError: no usable feature tensor (names the keys).
         """
         ntypes, etypes = list(g.ntypes), list(g.canonical_etypes)
-        if len(ntypes) != 1 or len(etypes) != 1:
-            raise ValueError(
-                f"from_dgl needs a homogeneous graph; got node types {ntypes} and edge types "
-                f"{[e[1] for e in etypes]}. Convert with dgl.to_homogeneous(g, ndata=[...]) "
-                "first (hopserve's graph store has one node and one edge type)"
-            )
+        if len(ntypes) != 1 or len(etypes) != 1:  # a heterograph: a typed store
+            key = feature_key or "feat"
+            feats = {t: g.nodes[t].data[key] for t in ntypes if key in g.nodes[t].data}
+            labels = {
+                t: g.nodes[t].data[label_key]
+                for t in ntypes
+                if label_key and label_key in g.nodes[t].data
+            }
+            return cls.from_hetero(
+                {t: v.detach().cpu() for t, v in feats.items()},
+                {c: torch.stack([s.long(), d.long()]).cpu() for c in etypes
+                 for s, d in [g.edges(etype=c)]},
+                labels_dict={t: v.cpu() for t, v in labels.items()} or None,
+                num_nodes_dict={t: g.num_nodes(t) for t in ntypes},
+                node_types=ntypes,
+                **kw,
+            )  # fmt: skip
         keys = list(g.ndata.keys())
         if feature_key is None:
             feature_key = next((k for k in ("feat", "x") if k in keys), None)
@@ -403,6 +436,7 @@ class GraphStore:
             edge_features=None if self.edge_features is None else self.edge_features.numpy(),
             edge_type=None if self.edge_type is None else self.edge_type.numpy(),
             relations=self.relations,
+            node_types=self.node_types,
         )
         meta = write_contents(path, contents, overwrite=overwrite, progress=progress)
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug
@@ -464,12 +498,27 @@ class GraphStore:
         """Relation names by id (the values of :attr:`edge_type`), or ``None``."""
         return self.topology.relations
 
+    @property
+    def node_types(self) -> list[Any] | None:
+        """Typed node sets (:class:`~.node_types.NodeTypeInfo`, id order), or ``None``."""
+        return self.topology.node_types
+
+    @classmethod
+    def from_hetero(cls, x_dict: Any, edge_index_dict: Any, **kw: Any) -> GraphStore:
+        """A typed store from per-type features and per-relation edge indices; see
+        :func:`~.node_types.from_hetero`."""
+        from hopserve.worker.graph.node_types import from_hetero
+
+        return from_hetero(x_dict, edge_index_dict, **kw)
+
     def _edge_repr(self) -> str:
         parts = []
         if self.edge_weight is not None:
             parts.append("edge_weight, ")
         if self.edge_features is not None:
             parts.append(f"edge_dim={self.edge_features.shape[1]}, ")
+        if self.node_types is not None:
+            parts.append(f"node_types={len(self.node_types)}, ")
         if self.relations is not None:
             parts.append(f"relations={len(self.relations)}, ")
         return "".join(parts)

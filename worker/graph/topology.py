@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hopserve.worker.graph.errors import GraphFormatError
+from hopserve.worker.graph.errors import GraphFormatError, UnknownNodeError
 from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
     EDGE_TYPE_FILE,
@@ -175,6 +175,36 @@ class GraphTopology:
     def has_edge_data(self) -> bool:
         """Whether the graph holds edge weights, edge features or edge types."""
         return any(c is not None for c in (self.edge_weight, self.edge_features, self.edge_type))
+
+    @property
+    def node_types(self) -> list[Any] | None:
+        """The typed node sets (:class:`~.node_types.NodeTypeInfo`, id order), or ``None``."""
+        return None if self.meta.node_types is None else list(self.meta.node_types)
+
+    def node_type(self, name: str) -> Any:
+        """The :class:`~.node_types.NodeTypeInfo` named ``name``.
+
+        Raises:
+            KeyError: no such type (naming the types there are).
+        """
+        for t in self.meta.node_types or []:
+            if t.name == name:
+                return t
+        have = [t.name for t in self.meta.node_types or []]
+        raise KeyError(f"no node type {name!r} (the graph's node types: {have or 'none'})")
+
+    def typed_storage(self, ids: Any, node_type: str) -> np.ndarray:
+        """Per-type external IDs (``0..count-1``) of ``node_type`` -> storage indices.
+
+        Raises:
+            KeyError: unknown type. UnknownNodeError: IDs outside the type's range.
+        """
+        t = self.node_type(node_type)
+        arr = as_id_array(ids)
+        bad = (arr < 0) | (arr >= t.count)
+        if bad.any():
+            raise UnknownNodeError(arr[bad], arr.size, int(bad.sum()))
+        return self.to_storage(arr + t.offset)
 
     @property
     def relations(self) -> list[str] | None:

@@ -581,6 +581,7 @@ class LiveGraph:
                 edge_features=snap.edge_features,
                 edge_type=snap.edge_type,
                 relations=snap.meta.relations,
+                node_types=snap.meta.node_types,  # updates add no nodes to a typed graph
             )
             write_contents(target, contents, overwrite=True, progress=progress)
             info = {"dir": name, "seq": snap.seq}

@@ -312,6 +312,36 @@ def _edge_type(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN
     return ids
 
 
+def _check_typed_nodes(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a GraphMeta
+    """A graph with typed node sets takes no new nodes yet: a node appended after the last
+    type's range would belong to no type."""
+    if meta.node_types is not None and batch.add_node_ids.size:
+        names = ", ".join(t.name for t in meta.node_types)
+        raise InvalidUpdateError(
+            f"add_nodes: the graph's nodes are typed ({names}); adding nodes to a typed graph "
+            "is not supported yet (rebuild the store with them, or send them as a "
+            "request-scoped delta)"
+        )
+
+
+def _check_typed_ends(meta, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
+    """Each added edge joins nodes of its relation's types (named at the first that does
+    not)."""
+    from hopserve.worker.graph.node_types import relation_triple
+
+    types = {t.name: t for t in meta.node_types}
+    for i, (s, d, r) in enumerate(zip(src.tolist(), dst.tolist(), relation.tolist(), strict=True)):
+        name = meta.relations[r]
+        s_type, _, d_type = relation_triple(name)
+        for end, node, t in (("source", s, types[s_type]), ("destination", d, types[d_type])):
+            if not t.offset <= node < t.offset + t.count:
+                value = int((batch.add_src if end == "source" else batch.add_dst)[i])
+                raise InvalidUpdateError(
+                    f"add_edges[{i}]: the {end} {value} of a {name!r} edge is not a "
+                    f"{t.name!r} node (store-wide IDs {t.offset}..{t.offset + t.count - 1})"
+                )
+
+
 def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
     """Check ``batch`` against ``graph`` (a snapshot) and map it to storage ids.
 
@@ -330,6 +360,7 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             f"idempotency_key must be at most {MAX_KEY_CHARS} printable characters"
         )
     n, dim = graph.num_nodes, graph.feature_dim
+    _check_typed_nodes(graph.meta, batch)
     new_ids = batch.add_node_ids
     dup = first_duplicate(new_ids)
     if dup is not None:
@@ -382,6 +413,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             )
     a_src = storage(batch.add_src, "add_edges.src", True)
     a_dst = storage(batch.add_dst, "add_edges.dst", True)
+    if graph.meta.node_types is not None:
+        _check_typed_ends(graph.meta, a_src, a_dst, add_edge_type, batch)
     set_nodes = storage(batch.set_node_ids, "set_features", True)
     set_rows = _rows(batch.set_features, set_nodes.size, dim, "set_features")
     if set_nodes.size:  # the last row given for a node wins

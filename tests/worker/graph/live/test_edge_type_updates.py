@@ -185,3 +185,32 @@ def test_relation_ids_round_trip_through_the_log_bytes(tmp_path):
     assert resolved.add_edge_type.tolist() == [2, 0, 1]
     back = decode(encode(resolved), DIM)
     assert back.add_edge_type.tolist() == [2, 0, 1]
+
+
+def test_a_node_typed_graph_takes_typed_edges_keeps_its_types_and_refuses_new_nodes(tmp_path):
+    from hopserve.worker.graph.synth_hetero import synth_recommender
+
+    path = tmp_path / "rec"
+    synth_recommender(40, 30, 4, DIM, seed=1, out=path, progress=False)
+    live = LiveGraph(path, with_features=True)
+    types = {t.name: t for t in live.topology.node_types}
+    user, item = types["user"].offset + 3, types["item"].offset + 7  # store-wide IDs
+    before = live.topology.num_edges
+    live.apply(MutationBatch(add_src=[user, item], add_dst=[item, user],
+                             add_edge_type=["user__clicks__item", "item__clicked-by__user"]))  # fmt: skip
+    assert live.topology.num_edges == before + 2
+    refused = [
+        (MutationBatch(add_src=[item], add_dst=[user], add_edge_type=["user__clicks__item"]),
+         r"add_edges\[0\]: the source \d+ of a 'user__clicks__item' edge is not a 'user' node"),
+        (MutationBatch(add_node_ids=[9_999], add_node_features=np.ones((1, DIM), np.float32)),
+         r"add_nodes: the graph's nodes are typed \(user, item, category\)"),
+    ]  # fmt: skip
+    for batch, message in refused:
+        with pytest.raises(InvalidUpdateError, match=message):
+            live.apply(batch)
+    assert live.seq == 1
+    live.compact()
+    compacted = LiveGraph(path)
+    assert compacted.topology.node_types == live.topology.node_types
+    assert compacted.topology.meta.format_version == 3
+    assert typed_edges(compacted.topology) == typed_edges(live.topology)
