@@ -39,6 +39,12 @@ def _block_pair(conv: nn.Module) -> ConvAdapter:
     return DGLConvAdapter(conv, pair=True)
 
 
+def _relgraph(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.rgcn import DGLRelGraphConvAdapter
+
+    return DGLRelGraphConvAdapter(conv)
+
+
 def _square(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_square import DGLSquareAdapter
 
@@ -115,9 +121,10 @@ ROWS: dict[str, tuple[str, object, str]] = {
     # -- refused: edge data, coordinates, relations
     "RelGraphConv": (
         "exact",
-        _block,
-        "per-relation typed linear messages, summed; relation ids (etypes) from the graph "
-        "store's edge_type column",
+        _relgraph,
+        "in-edges summed per relation, then every relation's weight in one GEMM (DGL "
+        "multiplies a weight into each edge); relation ids (etypes) from the graph store's "
+        "edge_type column",
     ),
     "GINEConv": ("exact", _block, "sum of relu(x_j + e_ij) over in-edges" + EDGE_DATA),
     "NNConv": ("exact", _block, "edge-conditioned weights per in-edge" + EDGE_DATA),

@@ -71,6 +71,15 @@ def _simple(conv: nn.Module) -> ConvAdapter:
     return _square(conv) if conv.combine_root == "self_loop" else _pair(conv)
 
 
+def _rgcn(conv: nn.Module) -> ConvAdapter:
+    """Sum/mean RGCN: one typed aggregation and one GEMM (:mod:`.rgcn`); max: generic."""
+    if conv.aggr not in ("mean", "add", "sum"):
+        return _pair_unfused(conv)
+    from hopserve.worker.convs.rgcn import RGCNAdapter
+
+    return RGCNAdapter(conv)
+
+
 def _gcn(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.gcn import GCNAdapter
 
@@ -223,8 +232,17 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "runs the spline kernels of pyg-lib / torch-spline-conv, which hopserve does not "
         "install or test",
     ),
-    "RGCNConv": ("exact", _pair_unfused, "per-relation mean/sum over in-neighbours" + EDGE_TYPES),
-    "FastRGCNConv": ("exact", _pair_unfused, "per-edge relation weights" + EDGE_TYPES),
+    "RGCNConv": (
+        "exact",
+        _rgcn,
+        "per-relation mean/sum over in-neighbours, then every relation's weight in one GEMM"
+        + EDGE_TYPES,
+    ),
+    "FastRGCNConv": (
+        "exact",
+        _rgcn,
+        "per-edge relation weights (summed per relation first, as RGCNConv)" + EDGE_TYPES,
+    ),
     "RGATConv": ("exact", _square, "relational attention per destination" + EDGE_TYPES),
     "SignedConv": ("refused", None, "needs two edge sets (positive and negative edges)"),
     # -- refused: heterogeneous graphs
