@@ -37,7 +37,13 @@ from hopserve.client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from hopserve.client.results import BlockInfo, EmbeddingResult, Footprint, ModelInfo
+from hopserve.client.results import (
+    BlockInfo,
+    EmbeddingResult,
+    Footprint,
+    ModelInfo,
+    NodeTypeInfo,
+)
 from hopserve.client.sync import EmbeddingClient
 from hopserve.proto.tensors import decode_embeddings, encode_embeddings
 
@@ -56,6 +62,7 @@ __all__ = [
     "InvalidArgumentError",
     "MalformedResponseError",
     "ModelInfo",
+    "NodeTypeInfo",
     "NotFoundError",
     "PermissionDeniedError",
     "ResourceExhaustedError",

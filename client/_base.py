@@ -210,6 +210,7 @@ class EmbeddingClientBase:
         edge_weights: Any = None,
         edge_features: Any = None,
         edge_relations: Any = None,
+        node_type: str | None = None,
     ) -> Query:
         options = pb.QueryOptions(
             fanouts=check_fanouts(fanouts), cache_policy=check_cache_policy(cache_policy)
@@ -219,6 +220,12 @@ class EmbeddingClientBase:
         template = pb.GetEmbeddingsRequest(
             model=check_model(model), model_version=check_version(model_version), options=options
         )
+        if node_type is not None:
+            if not isinstance(node_type, str) or not node_type:
+                raise InvalidArgumentError(
+                    f"node_type must be a non-empty string (a node type name), got {node_type!r}"
+                )
+            template.node_type = node_type
         edge_data = (edge_weights, edge_features, edge_relations)
         if add_edges is None and any(v is not None for v in edge_data):
             raise InvalidArgumentError(

@@ -67,6 +67,7 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         model_version: str | int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        node_type: str | None = None,
     ) -> np.ndarray:
         """See :meth:`EmbeddingClient.get_embeddings`."""
         result = await self.get_embeddings_with_info(
@@ -77,6 +78,7 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
             model_version=model_version,
             seed=seed,
             timeout=timeout,
+            node_type=node_type,
         )
         return result.embeddings
 
@@ -96,11 +98,13 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
+        node_type: str | None = None,
     ) -> EmbeddingResult:
         """See :meth:`EmbeddingClient.get_embeddings_with_info`."""
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
             add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
+            node_type,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

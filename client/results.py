@@ -14,7 +14,7 @@ from hopserve.proto.contract import STAGES, BlockInfo
 from hopserve.proto.fields import from_message
 from hopserve.proto.v1 import embedding_pb2 as pb
 
-__all__ = ["TIMING_STAGES", "BlockInfo", "EmbeddingResult", "ModelInfo"]
+__all__ = ["TIMING_STAGES", "BlockInfo", "EmbeddingResult", "ModelInfo", "NodeTypeInfo"]
 
 #: Keys of :attr:`EmbeddingResult.timing`, in pipeline order (``StageTiming`` fields): the
 #: contract's stage names, then ``total``.
@@ -23,6 +23,17 @@ TIMING_STAGES = (*STAGES, "total")
 
 def _dtype_name(dtype: int) -> str:
     return {pb.DTYPE_FLOAT32: "float32"}.get(dtype, "unspecified")
+
+
+@dataclass(frozen=True)
+class NodeTypeInfo:
+    """One node type of a typed graph (``hopserve.v1.NodeTypeInfo``): store-wide IDs
+    ``offset .. offset + count - 1``; ``node_type=name`` asks by IDs ``0..count-1``."""
+
+    name: str
+    count: int
+    offset: int
+    feature_dim: int
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,9 @@ class ModelInfo:
         state: ``"loading"``, ``"ready"``, ``"failed"`` or ``"draining"``.
         is_default: Served to requests that name no version.
         traffic_percent: Share of unversioned requests this version gets.
+        node_types: Node types of a typed graph, ``(name, count, offset, feature_dim)``
+            in storage-id order (empty: untyped); ``node_type`` of the embedding calls.
+        relations: Relation names of the graph's typed edges, by id (empty: untyped).
     """
 
     name: str
@@ -62,6 +76,8 @@ class ModelInfo:
     state: str = ""
     is_default: bool = True
     traffic_percent: int = 100
+    node_types: tuple[NodeTypeInfo, ...] = ()
+    relations: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, msg: pb.ModelInfo) -> ModelInfo:
@@ -71,6 +87,8 @@ class ModelInfo:
             cls,
             blocks=tuple(from_message(b, BlockInfo) for b in msg.blocks),
             dtype=_dtype_name(msg.dtype),
+            node_types=tuple(from_message(t, NodeTypeInfo) for t in msg.node_types),
+            relations=tuple(msg.relations),
         )
 
 

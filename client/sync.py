@@ -52,6 +52,7 @@ class EmbeddingClient(EmbeddingClientBase):
         model_version: str | int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        node_type: str | None = None,
     ) -> np.ndarray:
         """Embeddings of ``node_ids`` as a float32 ``[len(node_ids), dim]`` array.
 
@@ -65,6 +66,9 @@ class EmbeddingClient(EmbeddingClientBase):
             model_version: Model version; None means the latest.
             seed: Sampling seed in ``[0, 2**64)``, for reproducible sampled results.
             timeout: Deadline in seconds for the whole call; None uses the client's.
+            node_type: On a graph with typed node sets (``ModelInfo.node_types``), the
+                type ``node_ids`` belong to, each ID that type's own (``0..count-1``);
+                None: store-wide IDs.
 
         Raises:
             InvalidArgumentError: Bad arguments (checked before sending) or rejected by
@@ -80,6 +84,7 @@ class EmbeddingClient(EmbeddingClientBase):
             model_version=model_version,
             seed=seed,
             timeout=timeout,
+            node_type=node_type,
         ).embeddings
 
     def get_embeddings_with_info(
@@ -98,6 +103,7 @@ class EmbeddingClient(EmbeddingClientBase):
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
+        node_type: str | None = None,
     ) -> EmbeddingResult:
         """Like :meth:`get_embeddings`, plus versions, server timing and cache hits.
 
@@ -115,6 +121,7 @@ class EmbeddingClient(EmbeddingClientBase):
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
             add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
+            node_type,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

@@ -1,15 +1,16 @@
 """Reference models: plain PyG training code, as a user would write it.
 
 The demo, the benchmarks and ``examples/`` configs serve these through the entrypoints
-``hopserve.examples:GraphSAGE`` and ``hopserve.examples:GCN``. Nothing here is special
-to hopserve: any ``torch.nn.Module`` with ``forward(x, edge_index)`` is served the same way.
+``hopserve.examples:GraphSAGE``, ``hopserve.examples:GCN`` and ``hopserve.examples:RGCN``
+(typed edges). Nothing here is special to hopserve: any ``torch.nn.Module`` with
+``forward(x, edge_index)`` (or ``forward(x, edge_index, edge_type)``) is served the same way.
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv, SAGEConv
+from torch_geometric.nn import GCNConv, RGCNConv, SAGEConv
 
 
 class GraphSAGE(nn.Module):
@@ -45,3 +46,33 @@ class GCN(nn.Module):
         x = self.conv1(x, edge_index).relu()
         x = F.dropout(x, p=self.dropout, training=self.training)
         return self.conv2(x, edge_index)
+
+
+class RGCN(nn.Module):
+    """``num_layers`` RGCNConv layers (Schlichtkrull et al.; mean per relation, basis
+    weights), ReLU and dropout in between: ``forward(x, edge_index, edge_type)``."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        num_relations: int,
+        num_layers: int = 2,
+        num_bases: int | None = 4,
+        dropout: float = 0.2,
+    ) -> None:
+        super().__init__()
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.convs = nn.ModuleList(
+            RGCNConv(a, b, num_relations, num_bases=num_bases)
+            for a, b in zip(dims[:-1], dims[1:], strict=True)
+        )
+        self.dropout = dropout
+
+    def forward(self, x, edge_index, edge_type):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index, edge_type)
+            if i < len(self.convs) - 1:
+                x = F.dropout(x.relu(), p=self.dropout, training=self.training)
+        return x

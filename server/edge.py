@@ -306,6 +306,13 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         )
         ids = np.asarray(request.node_ids, dtype=np.int64)
         delta = _delta_of(model, request, key)
+        node_type = request.node_type
+        if delta is not None and node_type:
+            raise InvalidRequestError(
+                "a request with a delta names store-wide node IDs: leave node_type empty"
+            )
+        if node_type:  # from here on store-wide IDs: the cache and invalidation key
+            ids = _store_wide_ids(model, ids, node_type)
         if delta is not None:  # cold start: IDs are mapped on graph + delta, no cache
             storage = (await asyncio.to_thread(delta, model.topology))[2]
             policy = pb.CACHE_BYPASS
@@ -313,6 +320,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             storage = await asyncio.to_thread(_to_storage, model, ids)
         else:
             storage = _to_storage(model, ids)
+        self.metrics.requested_rows.labels(model.name, node_type or "any").inc(n)
         remaining = context.time_remaining()
         if remaining is None:
             remaining = self.config.default_deadline_s
@@ -571,6 +579,29 @@ def _batch_key(model: ServedModel, options: pb.QueryOptions) -> BatchKey:
             f"[{format_ids(fanouts)}] are not allowed"
         )
     return BatchKey(fanouts, int(options.seed) if options.HasField("seed") else 0)
+
+
+def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.ndarray:
+    """``node_type``'s own IDs (``0..count-1``) -> store-wide IDs (``offset + id``), which
+    key the cache and the invalidation; a type the graph lacks or IDs beyond the type's
+    count are INVALID_ARGUMENT naming them."""
+    types = {t.name: t for t in model.topology.meta.node_types or ()}
+    t = types.get(node_type)
+    if t is None:
+        have = f"its node types: {', '.join(types)}" if types else "its nodes are untyped"
+        raise InvalidRequestError(
+            f"model {model.name!r}: the graph has no node type {quote(node_type)} ({have})"
+        )
+    bad = (ids < 0) | (ids >= t.count)
+    if bad.any():
+        first = ids[bad]
+        _, where = np.unique(first, return_index=True)
+        raise InvalidRequestError(
+            f"model {model.name!r}: {int(bad.sum())} of {len(ids)} requested "
+            f"{quote(node_type)} node IDs are not in the graph (its {t.count} IDs are "
+            f"0..{t.count - 1}): {format_ids(first[np.sort(where)])}"
+        )
+    return ids + t.offset
 
 
 def _to_storage(model: ServedModel, ids: np.ndarray) -> np.ndarray:

@@ -104,6 +104,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "reason is unauthenticated, permission_denied or rate_limited.",
     ),
     MetricSpec(
+        "requested_rows", "hopserve_requested_rows_total", "counter", ("model", "node_type"),
+        "Embedding rows asked for (node IDs of GetEmbeddings and stream requests, "
+        "duplicates included), by the node type they name: a typed graph's type, or 'any' "
+        "for store-wide IDs.",
+    ),
+    MetricSpec(
         "inflight_requests", "hopserve_inflight_requests", "gauge", ("model",),
         "RPCs received and not yet answered.",
     ),

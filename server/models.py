@@ -207,6 +207,13 @@ class ServedModel:
             state=self.state,
             is_default=is_default,
             traffic_percent=traffic_percent,
+            node_types=[
+                pb.NodeTypeInfo(
+                    name=t.name, count=t.count, offset=t.offset, feature_dim=t.feature_dim
+                )
+                for t in self.topology.meta.node_types or ()
+            ],
+            relations=list(self.topology.meta.relations or ()),
         )
 
     def __repr__(self) -> str:

@@ -158,7 +158,13 @@ def overview() -> Dashboard:
                   "RPCs the security gate refused before the service saw them (not in the "
                   "request counts above): unauthenticated (no or unknown token), "
                   "permission_denied (token without the scope), rate_limited (client over "
-                  "security.rate_limit).", unit="reqps", width=24, stack=True),
+                  "security.rate_limit).", unit="reqps", width=12, stack=True),
+            Panel("Rows requested/s by node type",
+                  (Query(f"sum by (model, node_type) "
+                         f"({rate(f'hopserve_requested_rows_total{{{M}}}')})",
+                         "{{model}} {{node_type}}"),),
+                  "Node IDs asked for per second, by the node type a request names on a "
+                  "typed graph ('any': store-wide IDs).", unit="short", width=12, stack=True),
         ),
     )  # fmt: skip
     latency_row = Row(

@@ -64,7 +64,7 @@ Format = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output for
 
 def render(models: list[ModelInfo], fmt: OutputFormat) -> str:
     """Versions as an aligned table (name, version, state, default, traffic, dim, layers,
-    graph) or as a JSON list."""
+    graph; node types when a graph has them) or as a JSON list."""
     if fmt is OutputFormat.json:
         return json.dumps(
             [
@@ -86,6 +86,10 @@ def render(models: list[ModelInfo], fmt: OutputFormat) -> str:
         ]  # fmt: skip
         for m in models
     ]
+    if any(m.node_types for m in models):  # typed graphs: the types `query --type` takes
+        rows[0].append("node types")
+        for row, m in zip(rows[1:], models, strict=True):
+            row.append(", ".join(f"{t.name} ({t.count:,})" for t in m.node_types) or "-")
     widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)  # fmt: skip

@@ -155,6 +155,14 @@ def query(
         str | None, typer.Option("--model-version", help="Model version (default: latest).")
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed.")] = None,
+    node_type: Annotated[
+        str | None,
+        typer.Option(
+            "--type",
+            help="Node type of --nodes on a typed graph (IDs 0..count-1 of that type; "
+            "default: store-wide IDs). `hopserve models` lists the types.",
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Call deadline, seconds.")] = 30.0,
     fmt: Annotated[
         OutputFormat, typer.Option("--format", "-f", help="Output format.")
@@ -185,6 +193,7 @@ def query(
                 cache_policy=cache.value,
                 model_version=model_version,
                 seed=seed,
+                node_type=node_type,
             )
     except HopserveError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -66,20 +66,22 @@ class QueryOptions(_message.Message):
     def __init__(self, fanouts: _Optional[_Iterable[int]] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GetEmbeddingsRequest(_message.Message):
-    __slots__ = ("model", "model_version", "node_ids", "options", "delta", "footprint")
+    __slots__ = ("model", "model_version", "node_ids", "options", "delta", "footprint", "node_type")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_version: str
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     options: QueryOptions
     delta: GraphDelta
     footprint: bool
-    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., delta: _Optional[_Union[GraphDelta, _Mapping]] = ..., footprint: _Optional[bool] = ...) -> None: ...
+    node_type: str
+    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., delta: _Optional[_Union[GraphDelta, _Mapping]] = ..., footprint: _Optional[bool] = ..., node_type: _Optional[str] = ...) -> None: ...
 
 class GraphDelta(_message.Message):
     __slots__ = ("add_nodes", "add_edges")
@@ -208,7 +210,7 @@ class BlockInfo(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., kind: _Optional[str] = ..., in_dim: _Optional[int] = ..., out_dim: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype", "graph_seq", "state", "is_default", "traffic_percent")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype", "graph_seq", "state", "is_default", "traffic_percent", "node_types", "relations")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +226,8 @@ class ModelInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -239,4 +243,18 @@ class ModelInfo(_message.Message):
     state: str
     is_default: bool
     traffic_percent: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ...) -> None: ...
+    node_types: _containers.RepeatedCompositeFieldContainer[NodeTypeInfo]
+    relations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ..., node_types: _Optional[_Iterable[_Union[NodeTypeInfo, _Mapping]]] = ..., relations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeTypeInfo(_message.Message):
+    __slots__ = ("name", "count", "offset", "feature_dim")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    offset: int
+    feature_dim: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., feature_dim: _Optional[int] = ...) -> None: ...

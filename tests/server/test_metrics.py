@@ -82,6 +82,7 @@ def test_spec_table_matches_contract() -> None:
     added = {  # beyond the brief, additive
         "hopserve_cache_up": ("gauge", ("backend",)),
         "hopserve_cache_writeback_dropped_rows_total": ("counter", ("model",)),
+        "hopserve_requested_rows_total": ("counter", ("model", "node_type")),
     }
     assert {s.name: (s.type, s.labels) for s in METRICS} == {**CONTRACT, **added}
     assert len({s.attr for s in METRICS}) == len(METRICS)
