@@ -24,6 +24,7 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, list[float]]:
     """Call ``fn`` ``repeat`` times; ``(last result, wall seconds of each call)``."""
     secs, out = [], None
     for _ in range(repeat):
+        out = None  # free the previous result first: the peak RSS is one run's
         t0 = time.perf_counter()
         out = fn()
         secs.append(time.perf_counter() - t0)
