@@ -104,9 +104,14 @@ def test_versioned_keys_isolate(redis_server: str, other: CacheNamespace) -> Non
 
 def test_ttl_is_set(redis_server: str) -> None:
     async def scenario() -> None:
-        async with RedisEmbeddingCache(redis_server, ttl_s=120) as cache:
+        # a generous call timeout: this test is about TTLs, and a loaded machine must not
+        # turn the writes into timed-out (dropped) ones
+        async with RedisEmbeddingCache(redis_server, ttl_s=120, timeout_s=10) as cache:
             await cache.put_many(NS, np.array([1, 2]), random_rows(2))
-        async with RedisEmbeddingCache(redis_server, ttl_s=0, prefix="forever") as cache:
+            assert cache.errors == 0
+        async with RedisEmbeddingCache(
+            redis_server, ttl_s=0, prefix="forever", timeout_s=10
+        ) as cache:
             await cache.put_many(NS, np.array([1]), random_rows(1))
         client = redis.Redis.from_url(redis_server)
         for key in make_keys("hopserve", NS, np.array([1, 2])):
