@@ -308,7 +308,7 @@ def _setup(args, graphs, total_s: float) -> dict:
         "versions": {"torch": torch.__version__, "dgl": dgl.__version__},
         "hopserve_budget_mb": args.budget_mb,
         "hopserve_1batch_budget_mb": args.onebatch_budget_mb,
-        "memory_model_mb": memory_model_mb(graphs["rcmk"], store.num_nodes, args.hidden),
+        "memory_model_mb": harness.memory_model_mb(graphs["rcmk"], store.num_nodes, args.hidden),
         "dgl_manual_batch_grid": args.batch_grid,
         "nodewise": {"batch": args.nodewise_batch, "budget_s": args.nodewise_budget},
         "repeat": args.repeat,
@@ -376,13 +376,6 @@ def report(
 
 def _nodewise_note(result: dict[str, Any]) -> str:
     return f" (t/α, α={result['alpha']:.3f})" if result.get("extrapolated") else ""
-
-
-def memory_model_mb(store_dir: str, num_nodes: int, hidden: int) -> dict[str, float]:
-    """Graph + features (the store's arrays) + two layers of ``hidden``-wide float32 rows."""
-    graph = sum(f.stat().st_size for f in Path(store_dir).glob("*.npy")) / 2**20
-    emb = 2 * num_nodes * hidden * 4 / 2**20
-    return {"graph_and_features": graph, "two_layers_of_embeddings": emb, "total": graph + emb}
 
 
 def _rss_over(result: dict[str, Any]) -> float:

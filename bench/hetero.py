@@ -350,19 +350,13 @@ def main() -> None:
 
 
 # --------------------------------------------------------------------------- report
-def memory_model_mb(store_dir: str, num_nodes: int, hidden: int) -> dict[str, float]:
-    graph = sum(f.stat().st_size for f in Path(store_dir).glob("*.npy")) / 2**20
-    emb = 2 * num_nodes * hidden * 4 / 2**20
-    return {"graph_and_features": graph, "two_layers_of_embeddings": emb, "total": graph + emb}
-
-
 def report(args, graph: str, full: list[dict], partial: list[dict], total_s: float) -> None:
     import torch
 
     from hopserve import GraphStore
 
     store = GraphStore.open(graph)
-    mm = memory_model_mb(graph, store.num_nodes, args.hidden)
+    mm = harness.memory_model_mb(graph, store.num_nodes, args.hidden)
     versions = {"torch": torch.__version__}
     try:
         import dgl

@@ -14,6 +14,7 @@ What every benchmark script needs, once (``import harness`` gives all of it):
   Ports and Redis come from :mod:`hopserve.testing` (``free_port``, ``wait_for_port``,
   ``RedisServer``), re-exported here so scripts import one module;
 * :mod:`.sample` — :func:`timed`, :func:`run_stats`, :func:`stage_seconds`, :func:`percentiles`,
+  :func:`memory_model_mb` (the 1.3× memory goal's reference),
   RSS of this process, :class:`RssSampler` and :class:`MetricsScraper` (threads);
 * :mod:`.report` — paths, :func:`log`, :func:`machine_info` / :func:`machine_line`,
   :func:`git_revision`, :func:`write_json`, :func:`markdown_table`, :func:`write_outputs`;
@@ -70,6 +71,7 @@ from .sample import (
     RssSampler,
     cached_lookups,
     current_rss_mb,
+    memory_model_mb,
     peak_rss_mb,
     percentiles,
     run_stats,
@@ -78,6 +80,7 @@ from .sample import (
 )
 
 __all__ = [
+    "memory_model_mb",
     "BENCH",
     "POWERLAW_DATA",
     "REPO",

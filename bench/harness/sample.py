@@ -17,6 +17,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -294,3 +295,10 @@ async def cached_lookups(
             assert res.cache_hits == 16
     pct = percentiles(np.asarray(lat) * 1e3, (50, 99))
     return {"p50_ms": pct["p50"], "p99_ms": pct["p99"], "requests": count}
+
+
+def memory_model_mb(store_dir: str, num_nodes: int, hidden: int) -> dict[str, float]:
+    """Graph + features (the store's arrays) + two layers of ``hidden``-wide float32 rows."""
+    graph = sum(f.stat().st_size for f in Path(store_dir).glob("*.npy")) / 2**20
+    emb = 2 * num_nodes * hidden * 4 / 2**20
+    return {"graph_and_features": graph, "two_layers_of_embeddings": emb, "total": graph + emb}
