@@ -59,6 +59,8 @@ class ModelInfo:
         node_types: Node types of a typed graph, ``(name, count, offset, feature_dim)``
             in storage-id order (empty: untyped); ``node_type`` of the embedding calls.
         relations: Relation names of the graph's typed edges, by id (empty: untyped).
+        output_types: Node types the model outputs embeddings for (a dict model's;
+            empty: every node). Requests for other types are refused.
     """
 
     name: str
@@ -78,6 +80,7 @@ class ModelInfo:
     traffic_percent: int = 100
     node_types: tuple[NodeTypeInfo, ...] = ()
     relations: tuple[str, ...] = ()
+    output_types: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, msg: pb.ModelInfo) -> ModelInfo:
@@ -89,6 +92,7 @@ class ModelInfo:
             dtype=_dtype_name(msg.dtype),
             node_types=tuple(from_message(t, NodeTypeInfo) for t in msg.node_types),
             relations=tuple(msg.relations),
+            output_types=tuple(msg.output_types),
         )
 
 

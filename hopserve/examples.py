@@ -1,16 +1,18 @@
 """Reference models: plain PyG training code, as a user would write it.
 
 The demo, the benchmarks and ``examples/`` configs serve these through the entrypoints
-``hopserve.examples:GraphSAGE``, ``hopserve.examples:GCN`` and ``hopserve.examples:RGCN``
-(typed edges). Nothing here is special to hopserve: any ``torch.nn.Module`` with
-``forward(x, edge_index)`` (or ``forward(x, edge_index, edge_type)``) is served the same way.
+``hopserve.examples:GraphSAGE``, ``hopserve.examples:GCN``, ``hopserve.examples:RGCN``
+(typed edges) and ``hopserve.examples:HeteroSAGE`` (a dict model on a typed graph).
+Nothing here is special to hopserve: any ``torch.nn.Module`` with ``forward(x, edge_index)``
+(or ``forward(x, edge_index, edge_type)``, or ``forward(x_dict, edge_index_dict)`` on a
+typed graph) is served the same way.
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv, RGCNConv, SAGEConv
+from torch_geometric.nn import GCNConv, HeteroConv, RGCNConv, SAGEConv
 
 
 class GraphSAGE(nn.Module):
@@ -76,3 +78,54 @@ class RGCN(nn.Module):
             if i < len(self.convs) - 1:
                 x = F.dropout(x.relu(), p=self.dropout, training=self.training)
         return x
+
+
+class HeteroSAGE(nn.Module):
+    """``num_layers`` ``HeteroConv`` layers of one ``SAGEConv`` per relation (summed per
+    destination type), ReLU and dropout in between; returns ``out_type``'s embeddings:
+    ``forward(x_dict, edge_index_dict)``.
+
+    Args:
+        in_dims: input width per node type.
+        relations: the graph's relations, ``"src__name__dst"`` (a typed store's names).
+        out_type: the node type whose embeddings the model returns.
+    """
+
+    def __init__(
+        self,
+        in_dims: dict[str, int],
+        hidden: int,
+        out_dim: int,
+        relations: list[str],
+        out_type: str,
+        num_layers: int = 2,
+        dropout: float = 0.2,
+    ) -> None:
+        super().__init__()
+        triples = [tuple(r.split("__")) for r in relations]
+        self.convs = nn.ModuleList()
+        for i in range(num_layers):
+            width = out_dim if i == num_layers - 1 else hidden
+            self.convs.append(
+                HeteroConv(
+                    {
+                        (s, r, d): SAGEConv(
+                            (in_dims[s], in_dims[d]) if i == 0 else (hidden, hidden), width
+                        )
+                        for s, r, d in triples
+                    },
+                    aggr="sum",
+                )
+            )
+        self.out_type = out_type
+        self.dropout = dropout
+
+    def forward(self, x_dict, edge_index_dict):
+        for i, conv in enumerate(self.convs):
+            x_dict = conv(x_dict, edge_index_dict)
+            if i < len(self.convs) - 1:
+                x_dict = {
+                    t: F.dropout(x.relu(), p=self.dropout, training=self.training)
+                    for t, x in x_dict.items()
+                }
+        return x_dict[self.out_type]

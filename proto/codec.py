@@ -236,6 +236,7 @@ def status_from_proto(msg: worker_pb2.WorkerInfo) -> WorkerStatus:
             ModelStatus,
             mode=m.mode or "layerwise",
             blocks=tuple(from_message(b, BlockInfo) for b in m.blocks),
+            output_types=tuple(m.output_types),
         )
         for m in msg.models
     )

@@ -315,6 +315,8 @@ class ModelStatus:
     """Hub rows the worker keeps per intermediate layer (``engine.layer_cache_rows``; 0 =
     no layer cache). Such a worker plans exact jobs itself, where frontiers stop at its
     cached rows: the front-end sends none."""
+    output_types: tuple[str, ...] = ()
+    """Node types whose rows the model outputs (a dict model's; empty: every node)."""
 
 
 @dataclass(frozen=True)

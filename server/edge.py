@@ -313,6 +313,8 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
             )
         if node_type:  # from here on store-wide IDs: the cache and invalidation key
             ids = _store_wide_ids(model, ids, node_type)
+        elif model.output_types and delta is None:
+            _check_output_types(model, ids)
         if delta is not None:  # cold start: IDs are mapped on graph + delta, no cache
             storage = (await asyncio.to_thread(delta, model.topology))[2]
             policy = pb.CACHE_BYPASS
@@ -592,6 +594,11 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
         raise InvalidRequestError(
             f"model {model.name!r}: the graph has no node type {quote(node_type)} ({have})"
         )
+    if model.output_types and node_type not in model.output_types:
+        raise InvalidRequestError(
+            f"model {model.name!r} outputs embeddings of node types "
+            f"{', '.join(model.output_types)} only, not {quote(node_type)}"
+        )
     bad = (ids < 0) | (ids >= t.count)
     if bad.any():
         first = ids[bad]
@@ -602,6 +609,28 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
             f"0..{t.count - 1}): {format_ids(first[np.sort(where)])}"
         )
     return ids + t.offset
+
+
+def _check_output_types(model: ServedModel, ids: np.ndarray) -> None:
+    """Store-wide IDs of a model that outputs some node types only must be of those types
+    (INVALID_ARGUMENT naming the first others); IDs outside the graph are left to
+    :func:`_to_storage`."""
+    types = list(model.topology.meta.node_types or ())
+    if not types:
+        return
+    starts = np.array([t.offset for t in types])
+    kind = np.searchsorted(starts, ids, side="right") - 1
+    ok = np.array([t.name in model.output_types for t in types])
+    inside = (ids >= 0) & (ids < model.topology.num_nodes)
+    bad = inside & ~ok[np.clip(kind, 0, len(types) - 1)]
+    if bad.any():
+        first = ids[bad]
+        _, where = np.unique(first, return_index=True)
+        raise InvalidRequestError(
+            f"model {model.name!r} outputs embeddings of node types "
+            f"{', '.join(model.output_types)} only; {int(bad.sum())} of {len(ids)} requested "
+            f"node IDs are of other types: {format_ids(first[np.sort(where)])}"
+        )
 
 
 def _to_storage(model: ServedModel, ids: np.ndarray) -> np.ndarray:

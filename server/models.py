@@ -121,6 +121,11 @@ class ServedModel:
         return self.status.num_layers if self.status else 0
 
     @property
+    def output_types(self) -> tuple[str, ...]:
+        """Node types the model outputs embeddings for (empty: every node)."""
+        return tuple(getattr(self.status, "output_types", ()) or ()) if self.status else ()
+
+    @property
     def plans_frontiers(self) -> bool:
         """Whether exact jobs carry planned frontiers: not for the node-wise fallback, nor
         for workers with a layer cache (they plan around their cached rows)."""
@@ -214,6 +219,7 @@ class ServedModel:
                 for t in self.topology.meta.node_types or ()
             ],
             relations=list(self.topology.meta.relations or ()),
+            output_types=list(self.output_types),
         )
 
     def __repr__(self) -> str:

@@ -210,7 +210,7 @@ class BlockInfo(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., kind: _Optional[str] = ..., in_dim: _Optional[int] = ..., out_dim: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype", "graph_seq", "state", "is_default", "traffic_percent", "node_types", "relations")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_num_nodes", "graph_num_edges", "graph_version", "ready", "blocks", "description", "dtype", "graph_seq", "state", "is_default", "traffic_percent", "node_types", "relations", "output_types")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +228,7 @@ class ModelInfo(_message.Message):
     TRAFFIC_PERCENT_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPES_FIELD_NUMBER: _ClassVar[int]
     RELATIONS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -245,7 +246,8 @@ class ModelInfo(_message.Message):
     traffic_percent: int
     node_types: _containers.RepeatedCompositeFieldContainer[NodeTypeInfo]
     relations: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ..., node_types: _Optional[_Iterable[_Union[NodeTypeInfo, _Mapping]]] = ..., relations: _Optional[_Iterable[str]] = ...) -> None: ...
+    output_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ..., node_types: _Optional[_Iterable[_Union[NodeTypeInfo, _Mapping]]] = ..., relations: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeTypeInfo(_message.Message):
     __slots__ = ("name", "count", "offset", "feature_dim")

@@ -114,7 +114,7 @@ class JobResult(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[_embedding_pb2.DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., graph_seq: _Optional[int] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description", "graph_seq", "degree_normalized", "reads_source_degrees", "layer_cache_rows")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description", "graph_seq", "degree_normalized", "reads_source_degrees", "layer_cache_rows", "output_types")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class LoadedModel(_message.Message):
     DEGREE_NORMALIZED_FIELD_NUMBER: _ClassVar[int]
     READS_SOURCE_DEGREES_FIELD_NUMBER: _ClassVar[int]
     LAYER_CACHE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -143,7 +144,8 @@ class LoadedModel(_message.Message):
     degree_normalized: bool
     reads_source_degrees: bool
     layer_cache_rows: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., graph_seq: _Optional[int] = ..., degree_normalized: _Optional[bool] = ..., reads_source_degrees: _Optional[bool] = ..., layer_cache_rows: _Optional[int] = ...) -> None: ...
+    output_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., graph_seq: _Optional[int] = ..., degree_normalized: _Optional[bool] = ..., reads_source_degrees: _Optional[bool] = ..., layer_cache_rows: _Optional[int] = ..., output_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "device", "models", "inflight_jobs", "queued_jobs", "device_memory_used_bytes", "device_memory_total_bytes", "device_memory_peak_bytes")

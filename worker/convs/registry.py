@@ -207,13 +207,34 @@ def _maybe_dgl(cls: type) -> None:
         _load_dgl_builtins(import_dgl=True)
 
 
+def _internal_adapter(module: nn.Module) -> AdapterFactory | None:
+    """The adapter of an engine-made conv (a dict model's ``HeteroLayer``), else ``None``.
+
+    These are not user convs and not rows of the support matrix."""
+    from hopserve.worker.hetero.modules import HeteroLayer
+
+    if isinstance(module, HeteroLayer):
+        from hopserve.worker.convs.hetero import HeteroLayerAdapter
+
+        return HeteroLayerAdapter
+    return None
+
+
 def early_refusal(model: nn.Module) -> UnsupportedConvError | None:
     """The refusal of ``model`` before tracing (e.g. a heterograph conv), or ``None``.
 
     Such modules take per-type feature dicts, so tracing would fail with an unrelated
     error; this names the module and the reason instead (``reason``: the short one).
+    Modules inside an engine-made conv (the ``HeteroConv`` a ``HeteroLayer`` runs) are
+    not the user's to refuse.
     """
+    inside: list[str] = []
     for qual, module in model.named_modules():
+        if any(qual.startswith(f"{p}.") for p in inside):
+            continue
+        if _internal_adapter(module) is not None:
+            inside.append(qual)
+            continue
         _maybe_dgl(type(module))
         for cls in type(module).__mro__:
             if cls in _EARLY_REFUSALS:
@@ -249,6 +270,8 @@ def support_matrix() -> dict[str, tuple[Status, str]]:
 def is_conv_module(module: nn.Module) -> bool:
     """Whether the tracer must treat ``module`` as a conv (a leaf that aggregates)."""
     _load_builtins()
+    if _internal_adapter(module) is not None:
+        return True
     _maybe_dgl(type(module))
     if any(cls in _MATRIX for cls in type(module).__mro__):
         return True
@@ -266,6 +289,9 @@ def adapter_for(module: nn.Module, qualname: str) -> ConvAdapter:
             ``reason`` is the support matrix's short reason.
     """
     _load_builtins()
+    internal = _internal_adapter(module)
+    if internal is not None:
+        return internal(module)
     _maybe_dgl(type(module))
     name = type(module).__name__
     flow = getattr(module, "flow", "source_to_target")

@@ -37,6 +37,7 @@ from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.engine.self_check import check_split
 from hopserve.worker.engine.settings import INIT_BATCH_NODES
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers
+from hopserve.worker.hetero import as_homogeneous
 from hopserve.worker.trace.blocks import ConvBlock, ModelSplit
 from hopserve.worker.trace.split import split_model
 
@@ -92,6 +93,7 @@ class LayerwiseEvaluator:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.graph = graph
+        model = as_homogeneous(model.eval(), graph)
         self.model = model.eval().to(self.device)
         self.memory_budget_bytes = None if memory_budget_bytes is None else int(memory_budget_bytes)
         self.host_memory_budget_bytes = int(
@@ -188,6 +190,8 @@ class LayerwiseEvaluator:
             if ids.numel() == 0:
                 raise ValueError("targets is empty")
             storage = self.graph.to_storage(ids)
+        elif self.graph.num_nodes == 0:
+            return self._empty_graph_output()
         elif fanouts is not None:
             storage = self.graph.sorted_external_order()
         plan = self.plan(storage, fanouts, seed)
@@ -199,6 +203,21 @@ class LayerwiseEvaluator:
             )
             self.last_stats = stats
         return out
+
+    def _empty_graph_output(self) -> Tensor:
+        """All rows of a graph without nodes: the model's own forward on it (no layer has a
+        row to batch, but the output still has the model's width)."""
+        from hopserve.worker.trace.probe import call_model
+        from hopserve.worker.trace.tracer import EDGE_COLUMNS
+
+        edge = {}
+        for arg, column in self.split.edge_args.items():
+            values = getattr(self.graph, EDGE_COLUMNS[column])
+            edge[arg] = values[:0].to(self.device).long() if column == "type" else values[:0]
+        x = self.graph.features[:0].to(self.device, torch.float32)
+        ei = torch.zeros(2, 0, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            return call_model(self.model, self.split.style, x, ei, edge).cpu()
 
     def evaluate_plan(
         self, plan: Plan, storage_targets: Tensor | None, reuse: LayerReuse | None = None

@@ -113,6 +113,7 @@ class LoadedModel:
             degree_normalized=reads_degrees,
             reads_source_degrees=reads_source_degrees,
             layer_cache_rows=self.layer_cache.capacity if self.layer_cache is not None else 0,
+            output_types=tuple(getattr(self.evaluator.model, "output_types", ())),
         )
 
     @contextmanager

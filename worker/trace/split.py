@@ -11,9 +11,14 @@ from __future__ import annotations
 import inspect
 
 import torch
-from torch import fx, nn
+from torch import Tensor, fx, nn
 
-from hopserve.worker.convs.base import EdgeInput, UnsupportedConvError, fresh_conv_caches
+from hopserve.worker.convs.base import (
+    EdgeInput,
+    LayerBatch,
+    UnsupportedConvError,
+    fresh_conv_caches,
+)
 from hopserve.worker.convs.registry import NODEWISE_ADVICE, adapter_for
 from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
 from hopserve.worker.trace.probe import (
@@ -215,6 +220,12 @@ def _build_blocks(
         n for n in graph.nodes if n.op == "placeholder" and n.target == traced.feature_arg
     )
     conv_nodes = set(traced.conv_nodes)
+    typed_nodes = {
+        n
+        for n in graph.nodes
+        if n.op == "call_module"
+        and getattr(traced.gm.get_submodule(str(n.target)), "needs_node_ids", False)
+    }
     part = partition(graph, feature_node, conv_nodes, facts)
     output = next(n for n in graph.nodes if n.op == "output")
     out_value = output.args[0]
@@ -233,6 +244,7 @@ def _build_blocks(
         if not members:
             continue
         gen = _BlockCodegen(m, members, part, facts, conv_nodes, conv_x, adapter_names)
+        gen.typed_nodes = typed_nodes
         inputs = gen.add_inputs(feature_order, feature_node, output)
         for spec in inputs:
             last_use[spec.name] = m
@@ -259,6 +271,14 @@ def _build_blocks(
     return split
 
 
+def batch_row_ids(batch: LayerBatch, rows: str) -> Tensor | None:
+    """Storage ids of a batch's ``rows`` (``"src"`` / ``"dst"``); ``None`` when they are the
+    whole node table in storage order (global sources)."""
+    if rows == DST:
+        return batch.dst_nodes
+    return None if batch.global_src_size is not None else batch.src_nodes
+
+
 class _BlockCodegen:
     """Emits one block's fx graph: inputs, copied ops, adapters for convs, dst slices."""
 
@@ -278,6 +298,8 @@ class _BlockCodegen:
         self.consts: dict[fx.Node, fx.Node] = {}
         self.input_rows: dict[str, str] = {}
         self.placeholders: list[fx.Node] = []
+        self.typed_nodes: set[fx.Node] = set()  # node-wise modules told their rows' ids
+        self.row_ids: dict[str, fx.Node] = {}
 
     def need(self, user: fx.Node) -> str:
         """Rows ``user`` reads its feature inputs on."""
@@ -341,8 +363,20 @@ class _BlockCodegen:
                 self.env[n] = self.g.call_module(target, (x_in, self.batch))
                 convs.append(str(n.target))
             else:
+                ids = self._row_ids(n) if n in self.typed_nodes else None
                 self.env[n] = self._copy(n, lambda a, n=n: self._arg(n, a))
+                if ids is not None:
+                    self.env[n].kwargs = {**self.env[n].kwargs, "node_ids": ids}
         return convs
+
+    def _row_ids(self, n: fx.Node) -> fx.Node:
+        """Storage ids of the rows ``n`` runs on (for modules with ``needs_node_ids``)."""
+        rows = self.part.rows_of[n]
+        if rows not in self.row_ids:
+            self.row_ids[rows] = self.g.create_node(
+                "call_function", batch_row_ids, (self.batch, rows), name=f"ids_of_{rows}_rows"
+            )
+        return self.row_ids[rows]
 
     def conv_only_readers(self, inputs: list[BlockInput]) -> None:
         """Fill ``src_convs`` of source-row inputs read over source rows by convs only."""

@@ -40,8 +40,11 @@ class ModelTraceError(ValueError):
 
 
 def _leaf_types() -> tuple[type, ...]:
-    """Node-wise PyG / DGL modules whose forward fx cannot or need not trace into."""
-    leaves: tuple[type, ...] = ()
+    """Node-wise modules whose forward fx cannot or need not trace into: PyG's / DGL's, and
+    the typed ones of a dict model's homogeneous form."""
+    from hopserve.worker.hetero.modules import TypedMerge, TypedRows
+
+    leaves: tuple[type, ...] = (TypedRows, TypedMerge)
     pyg_nn = sys.modules.get("torch_geometric.nn")  # only when the model's code imported PyG
     if getattr(pyg_nn, "JumpingKnowledge", None) is not None:
         leaves += (pyg_nn.JumpingKnowledge,)

@@ -1,0 +1,288 @@
+"""Dict models (``forward(x_dict, edge_index_dict)``: ``HeteroConv`` stacks and PyG's
+``to_hetero``) served layer by layer from a typed store equal their own forward per node
+type, full and partial, on ``FakeHeteroDataset`` graphs and random typed graphs
+(hypothesis: empty types, types without in-edges, same-type relations, duplicate edges,
+isolated nodes), in batches of 3 nodes. Ops mixing types, relation convs needing a
+whole-graph statistic and dict models on untyped stores are refused naming the cause."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from support import assert_exact
+from torch import nn
+from torch_geometric import nn as pyg
+from torch_geometric.data import HeteroData
+
+from hopserve import GraphStore, LayerwiseEvaluator
+from hopserve.worker.trace.tracer import ModelTraceError
+
+H = 8
+
+
+def _relation_conv(k: int, same_type: bool) -> nn.Module:
+    """A family per relation: SAGE, GAT, GraphConv, GATv2 (square on same-type ones)."""
+    size = -1 if same_type else (-1, -1)
+    return [
+        lambda: pyg.SAGEConv(size, H),
+        lambda: pyg.GATConv(size, H, heads=2, concat=False, add_self_loops=False),
+        lambda: pyg.GraphConv(size, H, aggr="mean"),
+        lambda: pyg.GATv2Conv(size, H, add_self_loops=same_type),
+    ][k % 4]()
+
+
+class HeteroStack(nn.Module):
+    """Two ``HeteroConv`` layers, relu between (one op per type), a linear head on one type."""
+
+    def __init__(self, metadata, aggr: str, head_type: str) -> None:
+        super().__init__()
+        self.head_type = head_type
+        self.convs = nn.ModuleList(
+            pyg.HeteroConv(
+                {et: _relation_conv(k + i, et[0] == et[2]) for k, et in enumerate(metadata[1])},
+                aggr=aggr,
+            )
+            for i in range(2)
+        )
+        self.head = pyg.Linear(-1, 3)
+
+    def forward(self, x_dict, edge_index_dict):
+        for conv in self.convs:
+            x_dict = conv(x_dict, edge_index_dict)
+            x_dict = {k: F.relu(v) for k, v in x_dict.items()}
+        return self.head(x_dict[self.head_type])
+
+
+class ProjectedHetero(nn.Module):
+    """Per-type input projections (``torch.nn.Linear`` each), one ``HeteroConv``, a per-type
+    residual, every type's embeddings out (a dict)."""
+
+    def __init__(self, data: HeteroData) -> None:
+        super().__init__()
+        self.proj = nn.ModuleDict({t: nn.Linear(data[t].x.shape[1], H) for t in data.node_types})
+        self.conv = pyg.HeteroConv({et: pyg.SAGEConv(H, H) for et in data.edge_types}, aggr="mean")
+
+    def forward(self, x_dict, edge_index_dict):
+        h = {t: self.proj[t](x).tanh() for t, x in x_dict.items()}
+        out = self.conv(h, edge_index_dict)
+        return {t: out[t] + 0.5 * h[t] for t in out}
+
+
+class Skip(nn.Module):
+    """The homogeneous model ``to_hetero`` rewrites: SAGE with a linear skip, then SAGE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = pyg.SAGEConv((-1, -1), H)
+        self.lin1 = pyg.Linear(-1, H)
+        self.conv2 = pyg.SAGEConv((-1, -1), 4)
+
+    def forward(self, x, edge_index):
+        h = (self.conv1(x, edge_index) + self.lin1(x)).relu()
+        return self.conv2(h, edge_index)
+
+
+FAMILIES = [
+    *(f"heteroconv_{aggr}" for aggr in ("sum", "mean", "max", "cat")),
+    "projected",
+    *(f"to_hetero_{aggr}" for aggr in ("sum", "mean", "max")),
+]
+
+
+def _model(family: str, data: HeteroData) -> nn.Module:
+    md = data.metadata()
+    kind, _, aggr = family.rpartition("_")
+    if kind == "heteroconv":
+        return HeteroStack(md, aggr, md[1][0][2])
+    if kind == "to_hetero":
+        return pyg.to_hetero(Skip(), md, aggr=aggr)
+    assert family == "projected"
+    return ProjectedHetero(data)
+
+
+def _forward(model: nn.Module, data: HeteroData):
+    with torch.no_grad():
+        return model(data.x_dict, data.edge_index_dict)
+
+
+def _by_type(out, data: HeteroData, model: nn.Module) -> dict[str, torch.Tensor]:
+    if isinstance(out, dict):
+        return out
+    return {model.head_type: out}
+
+
+def check_dict_model(model: nn.Module, data: HeteroData, what: str, seed: int = 0) -> None:
+    """Every output type's rows, all and a partial set with duplicates and several types."""
+    torch.manual_seed(seed)
+    _forward(model, data)  # initialize lazy shapes
+    model.eval()
+    want = _by_type(_forward(model, data), data, model)
+    store = GraphStore.from_pyg(data)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
+    offsets = {t.name: t.offset for t in store.node_types}
+    full = ev.evaluate()
+    gen = torch.Generator().manual_seed(seed)
+    targets, rows = [], []
+    for t, rows_t in want.items():
+        ids = torch.arange(rows_t.shape[0])
+        assert_exact(full[offsets[t] + ids], rows_t, f"{what} full, type {t}")
+        pick = ids[torch.randperm(ids.numel(), generator=gen)[:3]]
+        targets.append(offsets[t] + torch.cat([pick, pick[:1]]))
+        rows.append(rows_t[torch.cat([pick, pick[:1]])])
+    targets = torch.cat(targets)
+    if targets.numel():
+        assert_exact(ev.evaluate(targets=targets), torch.cat(rows), f"{what} partial")
+
+
+def _fake(seed: int) -> HeteroData:
+    """A ``FakeHeteroDataset`` graph (seeded: it draws sizes from ``random``) in which every
+    node type has in-edges (``to_hetero`` models need that)."""
+    from torch_geometric.datasets import FakeHeteroDataset
+
+    for attempt in range(100):
+        random.seed(seed + attempt)
+        torch.manual_seed(seed + attempt)
+        data = FakeHeteroDataset(num_graphs=1, num_node_types=3, num_edge_types=6,
+                                 avg_num_nodes=30, avg_degree=4, num_classes=3)[0]  # fmt: skip
+        if {et[2] for et in data.edge_types} == set(data.node_types):
+            return data
+    raise AssertionError("no FakeHeteroDataset graph with in-edges for every type")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dict_models_equal_their_forward_on_fake_hetero_data(family, seed):
+    data = _fake(seed)
+    torch.manual_seed(seed)
+    check_dict_model(_model(family, data), data, family, seed)
+
+
+@st.composite
+def typed_graphs(draw) -> HeteroData:
+    """2-3 node types (0-9 nodes, widths 1-5), 1-5 relations (same-type ones included),
+    0-25 edges each with duplicates; some types have no in-edges."""
+    num_types = draw(st.integers(2, 3))
+    counts = draw(st.lists(st.integers(0, 9), min_size=num_types, max_size=num_types))
+    widths = draw(st.lists(st.integers(1, 5), min_size=num_types, max_size=num_types))
+    names = [f"t{k}" for k in range(num_types)]
+    pairs = draw(
+        st.lists(
+            st.tuples(st.integers(0, num_types - 1), st.integers(0, num_types - 1)),
+            min_size=1,
+            max_size=5,
+            unique=True,
+        )
+    )
+    seed = draw(st.integers(0, 10_000))
+    gen = torch.Generator().manual_seed(seed)
+    data = HeteroData()
+    for name, n, w in zip(names, counts, widths, strict=True):
+        data[name].x = torch.randn(n, w, generator=gen)
+    for k, (s, d) in enumerate(pairs):
+        e = draw(st.integers(0, 25)) if counts[s] and counts[d] else 0
+        src = torch.randint(0, max(counts[s], 1), (e,), generator=gen)
+        dst = torch.randint(0, max(counts[d], 1), (e,), generator=gen)
+        if e:
+            src, dst = torch.cat([src, src[:2]]), torch.cat([dst, dst[:2]])  # duplicates
+        data[names[s], f"r{k}", names[d]].edge_index = torch.stack([src, dst])
+    return data
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=typed_graphs(), aggr=st.sampled_from(["sum", "mean", "max", "cat"]))
+def test_heteroconv_equals_its_forward_on_random_typed_graphs(data, aggr):
+    torch.manual_seed(0)
+    model = HeteroStack(data.metadata(), aggr, data.edge_types[0][2])
+    try:
+        _forward(model, data)
+    except (AttributeError, KeyError, RuntimeError):
+        # The model's own forward fails (a type the second layer reads has no in-relation
+        # in the first): nothing to serve. hopserve must refuse it the same way.
+        with pytest.raises(ModelTraceError):
+            LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+        return
+    check_dict_model(model, data, f"HeteroConv aggr={aggr}")
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(data=typed_graphs(), aggr=st.sampled_from(["sum", "mean", "max"]))
+def test_to_hetero_equals_its_forward_on_random_typed_graphs(data, aggr):
+    md = data.metadata()
+    assume({et[2] for et in md[1]} == set(md[0]))  # to_hetero needs every type updated
+    torch.manual_seed(0)
+    model = pyg.to_hetero(Skip(), md, aggr=aggr)
+    check_dict_model(model, data, f"to_hetero aggr={aggr}")
+
+
+def test_mixing_two_types_is_refused_naming_the_op():
+    data = _fake(0)
+    a, b = data.node_types[:2]
+
+    class Mix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in data.edge_types})
+
+        def forward(self, x_dict, edge_index_dict):
+            out = self.conv(x_dict, edge_index_dict)
+            return out[a][:3] + out[b][:3]
+
+    model = Mix()
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match=rf"mixes the values of node types \['{a}', '{b}'\]"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+
+
+def test_a_relation_conv_needing_degrees_is_refused_naming_it():
+    data = _fake(0)
+    same = next(et for et in data.edge_types if et[0] == et[2])
+
+    class WithGCN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = pyg.HeteroConv({same: pyg.GCNConv(-1, H)})
+
+        def forward(self, x_dict, edge_index_dict):
+            return self.conv(x_dict, edge_index_dict)
+
+    model = WithGCN()
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match="GCNConv.*whole-graph statistic"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+
+
+def test_a_dict_model_on_an_untyped_store_is_refused():
+    data = _fake(0)
+    model = HeteroStack(data.metadata(), "sum", data.edge_types[0][2])
+    store = GraphStore.from_edge_index(torch.tensor([[0, 1], [1, 0]]), torch.randn(2, 4))
+    with pytest.raises(
+        ModelTraceError, match="takes per-type dicts, but the graph has no node types"
+    ):
+        LayerwiseEvaluator(model.eval(), store, progress=False)
+
+
+def test_per_relation_edge_data_is_refused():
+    data = _fake(0)
+
+    class WithEdgeAttr(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in data.edge_types})
+
+        def forward(self, x_dict, edge_index_dict, edge_weight_dict=None):
+            weights = {} if edge_weight_dict is None else edge_weight_dict
+            return self.conv(x_dict, edge_index_dict, edge_weight_dict=weights)
+
+    model = WithEdgeAttr()
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match="per-relation edge data"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)

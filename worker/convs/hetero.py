@@ -1,0 +1,101 @@
+"""The adapter of a dict model's ``HeteroConv`` (:class:`~hopserve.worker.hetero.modules.HeteroLayer`).
+
+Per batch and destination type ``t``: each relation ``r = (s, ·, t)`` runs its own conv on
+the batch's in-edges of ``r`` (the ``edge_type`` column), with the batch's type-``t``
+destinations as the destination side and their ``r``-sources as the source side, then the
+``HeteroConv``'s aggregation joins the relations. A same-type relation runs on one square
+table whose first rows are the destinations, so a source that is also a destination of
+the batch is one row (a conv that adds or removes self-loops sees them as loops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.hetero.layout import TypeLayout
+from hopserve.worker.hetero.modules import HeteroLayer, group_relations
+
+__all__ = ["HeteroLayerAdapter"]
+
+
+class HeteroLayerAdapter(ConvAdapter):
+    """Runs a :class:`HeteroLayer` on a :class:`LayerBatch` (see the module doc)."""
+
+    accepts_edge_data = True
+
+    def __init__(self, conv: HeteroLayer) -> None:
+        super().__init__(conv)
+
+    def prepare(self, graph: Any) -> None:
+        """Refuse a typed graph laid out otherwise than the one the model was split for."""
+        layout = TypeLayout.from_graph(graph)
+        if layout is not None and layout != self.conv.layout:
+            from hopserve.worker.trace.tracer import ModelTraceError
+
+            raise ModelTraceError(
+                f"the graph's node types and relations ({list(layout.names)}, "
+                f"{len(layout.relations)} relations) are not those the model was split for "
+                f"({list(self.conv.layout.names)}, {len(self.conv.layout.relations)}); "
+                "reload the model against this graph"
+            )
+        super().prepare(graph)
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        layer: HeteroLayer = self.conv
+        num_dst = batch.num_dst
+        edge_type = self.edge_values(batch)["edge_type"]
+        dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
+        src_index, dst_index = batch.src_index, batch.dst_index
+        out = x.new_zeros(num_dst, layer.out_width)
+        for t, ks in layer.by_dst:
+            dst_sel = (dst_types == t).nonzero().squeeze(1)
+            if dst_sel.numel() == 0:
+                continue
+            pos_in_t = torch.full((num_dst,), -1, dtype=torch.long, device=x.device)
+            pos_in_t[dst_sel] = torch.arange(dst_sel.numel(), device=x.device)
+            x_dst = x.index_select(0, dst_sel)[:, : layer.in_widths[t]]
+            outs = []
+            at_t = pos_in_t[dst_index]
+            for k in ks:
+                # A typed store's relation-r edges all end in type t; the load-time probe
+                # graph's need not, and the layer's forward ignores those (rows of t only).
+                on = (edge_type == layer.calls[k].relation) & (at_t >= 0)
+                src = src_index[on]
+                dst = at_t[on]
+                outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t))
+            y = group_relations(outs, layer.aggr)
+            out[dst_sel, : y.shape[1]] = y
+        return out
+
+    @staticmethod
+    def _relation(
+        layer: HeteroLayer,
+        k: int,
+        x: Tensor,
+        x_dst: Tensor,
+        src: Tensor,
+        dst: Tensor,
+        pos_in_t: Tensor,
+    ) -> Tensor:
+        """One relation conv's output for the batch's destinations of its type."""
+        call, conv = layer.calls[k], layer.convs[k]
+        num_t = x_dst.shape[0]
+        if call.src != call.dst:
+            uniq, local = torch.unique(src, return_inverse=True)
+            x_src = x.index_select(0, uniq)[:, : layer.in_widths[call.src]]
+            return conv((x_src, x_dst), torch.stack([local, dst]))
+        # One square table: the destinations first, then the other sources.
+        num_dst = pos_in_t.numel()
+        at_dst = torch.full_like(src, -1)
+        in_batch = src < num_dst
+        at_dst[in_batch] = pos_in_t[src[in_batch]]
+        is_dst = at_dst >= 0
+        others = torch.unique(src[~is_dst])
+        local = torch.where(is_dst, at_dst, num_t + torch.searchsorted(others, src))
+        width = layer.in_widths[call.dst]
+        table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
+        return conv(table, torch.stack([local, dst]))[:num_t]

@@ -1,0 +1,534 @@
+"""A dict model (``forward(x_dict, edge_index_dict)``) as a model of the store's homogeneous
+form (``forward(x, edge_index, edge_type)``), which the engine splits as any other.
+
+The user's model is traced with fx on concrete dicts (one placeholder per node type and
+per relation, so ``x_dict.items()`` and ``x_dict["paper"]`` work), with each
+``HeteroConv`` a leaf returning its destination types. Then every per-type value is
+rebuilt as a table over all rows, meaningful on its type's rows
+(:mod:`.modules`):
+
+- ``x_dict[t]`` is the feature table's first ``feature_dim_t`` columns;
+- a ``HeteroConv`` becomes a :class:`~.modules.HeteroLayer` (a conv for the engine) on
+  one input table (a :class:`~.modules.TypedMerge` of its types' values where they
+  differ), its output for type ``t`` that table's first ``width_t`` columns;
+- a function or method on one type's values is the same op on the tables (a row-wise op
+  gives the right rows; the other rows are never read), identical calls made once: the
+  per-type ``relu`` of ``{k: v.relu() for k, v in x_dict.items()}`` is one op;
+- a leaf module on one type's value is a :class:`~.modules.TypedRows`;
+- the model's output (one type's value, or a dict of them) is one table; the types it
+  holds are the model's output types (:attr:`HomogeneousModel.output_types`).
+
+Refused with the reason (:class:`~hopserve.worker.trace.tracer.ModelTraceError`): ops
+mixing two types' values, ``HeteroConv`` calls with per-relation edge data, relation
+convs needing a whole-graph statistic, and dict convs other than ``HeteroConv``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+from torch.fx._symbolic_trace import PH
+from torch.utils import _pytree as pytree
+
+from hopserve.worker.hetero.layout import TypeLayout
+from hopserve.worker.hetero.modules import HeteroLayer, RelationCall, TypedMerge, TypedRows
+
+__all__ = ["HomogeneousModel", "as_homogeneous", "homogenize", "is_dict_model"]
+
+
+def is_dict_model(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes per-type dicts: its first argument is ``*_dict``, or
+    it is PyG's ``to_hetero`` of a model (a graph module unpacking dicts)."""
+    if isinstance(model, fx.GraphModule) and any(
+        n.op == "call_function" and getattr(n.target, "__name__", "") == "get_dict"
+        and "to_hetero" in getattr(n.target, "__module__", "")
+        for n in model.graph.nodes
+    ):  # fmt: skip
+        return True
+    try:
+        params = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].endswith("_dict")
+
+
+class HomogeneousModel(fx.GraphModule):
+    """A dict model rebuilt over the homogeneous form; ``model`` holds the user's module."""
+
+    layout: TypeLayout
+    output_types: tuple[str, ...]
+
+
+def _error(message: str) -> Exception:
+    from hopserve.worker.trace.tracer import ModelTraceError
+
+    return ModelTraceError(message)
+
+
+def _hetero_conv_class() -> type | None:
+    try:
+        from torch_geometric.nn import HeteroConv
+    except ImportError:  # pragma: no cover - PyG is a dependency
+        return None
+    return HeteroConv
+
+
+class _DictTracer(fx.Tracer):
+    """fx tracer keeping ``HeteroConv`` whole; its call returns ``{dst: proxy[dst]}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        self.hetero_cls = _hetero_conv_class()
+
+    def _is_hetero(self, m: nn.Module) -> bool:
+        return self.hetero_cls is not None and isinstance(m, self.hetero_cls)
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        from hopserve.worker.convs.registry import is_conv_module
+
+        if self._is_hetero(m) or is_conv_module(m):
+            return True
+        return super().is_leaf_module(m, qualname)
+
+    def call_module(self, m, forward, args, kwargs):  # noqa: ANN001 - fx's signature
+        out = super().call_module(m, forward, args, kwargs)
+        if self._is_hetero(m):
+            # keys(), not iteration: PyG's ModuleDict iterates its internal string keys
+            dsts = dict.fromkeys(key[2] for key in m.convs.keys())  # noqa: SIM118
+            return {dst: out[dst] for dst in dsts}
+        return out
+
+
+def _example(layout: TypeLayout, seed: int = 3) -> tuple[dict[str, Tensor], dict[tuple, Tensor]]:
+    """A tiny typed graph of the layout (5 nodes a type, 12 edges a relation)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 5
+    x = {
+        name: torch.randn(n, dim, generator=gen)
+        for name, dim in zip(layout.names, layout.feature_dims, strict=True)
+        if dim > 0
+    }
+    edges = {rel: torch.randint(0, n, (2, 12), generator=gen) for rel in layout.relations}
+    return x, edges
+
+
+class _Shapes(fx.Interpreter):
+    """Runs the dict graph on the example, keeping each node's result's shape."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.shapes: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, Tensor):
+            self.shapes[n] = tuple(result.shape)
+        elif isinstance(result, dict):
+            self.shapes[n] = {k: tuple(v.shape) for k, v in result.items() if isinstance(v, Tensor)}
+        return result
+
+
+class _Value:
+    """A dict-graph node's value in the homogeneous graph."""
+
+    def __init__(self, node: fx.Node | None, type_index: int | None = None, kind: str = "tensor",
+                 payload: Any = None) -> None:  # fmt: skip
+        self.node = node
+        self.type_index = type_index  # None: not per-type (a constant, a parameter)
+        self.kind = kind  # "tensor" | "edges" | "hetero"
+        self.payload = payload
+
+
+def homogenize(model: nn.Module, layout: TypeLayout) -> HomogeneousModel:
+    """Rebuild dict model ``model`` over the homogeneous form of a store laid out as
+    ``layout`` (see the module doc).
+
+    Raises:
+        ModelTraceError: naming the op, module or argument that cannot be rebuilt.
+    """
+    return _Builder(model, layout).build()
+
+
+class _Builder:
+    def __init__(self, model: nn.Module, layout: TypeLayout) -> None:
+        self.model = model
+        self.layout = layout
+        self.g = fx.Graph()
+        self.root = nn.Module()
+        self.root.add_module("model", model)
+        self.layers = nn.ModuleList()
+        self.typed = nn.ModuleList()
+        self.root.add_module("hetero_layers", self.layers)
+        self.root.add_module("typed", self.typed)
+        self.values: dict[fx.Node, _Value] = {}
+        self.cse: dict[str, fx.Node] = {}
+        self.feature_slices: set[fx.Node] = set()
+
+    # ------------------------------------------------------------------ trace
+    def _trace(self) -> tuple[fx.GraphModule, list[tuple[str, Any]], Any]:
+        params = [
+            p
+            for p in inspect.signature(self.model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        name = type(self.model).__name__
+        if len(params) < 2:
+            raise _error(f"{name}.forward must take (x_dict, edge_index_dict)")
+        x_arg, edge_arg = params[0].name, params[1].name
+        for p in params[2:]:
+            if p.default is inspect.Parameter.empty:
+                raise _error(
+                    f"{name}.forward has a required extra argument '{p.name}'; a dict model "
+                    "is served from (x_dict, edge_index_dict) only (per-relation edge data "
+                    "is not served yet)"
+                )
+        x_types = [t for t, d in zip(self.layout.names, self.layout.feature_dims, strict=True) if d]
+        concrete: dict[str, Any] = {
+            x_arg: dict.fromkeys(x_types, PH),
+            edge_arg: dict.fromkeys(self.layout.relations, PH),
+        }
+        concrete.update({p.name: p.default for p in params[2:]})
+        tracer = _DictTracer()
+        try:
+            graph = tracer.trace(self.model, concrete_args=concrete)
+        except Exception as err:
+            raise _error(
+                f"{name} could not be traced on per-type dicts ({type(err).__name__}: {err})"
+            ) from err
+        out_spec = graph._codegen.pytree_info.out_spec if graph._codegen.pytree_info else None
+        graph._codegen = fx.graph.CodeGen()  # flat inputs and outputs (the structure is known)
+        for node in [n for n in graph.nodes if n.op == "placeholder" and n.args]:
+            for user in list(node.users):  # fx's guard that the baked-in default holds
+                if getattr(user.target, "__name__", "") == "_assert_is_none":
+                    graph.erase_node(user)
+            if not node.users:  # a baked-in default argument
+                graph.erase_node(node)
+        gm = fx.GraphModule(tracer.root, graph)
+        slots = [("x", t) for t in x_types] + [("edges", r) for r in self.layout.relations]
+        return gm, slots, out_spec
+
+    # ------------------------------------------------------------------ build
+    def build(self) -> HomogeneousModel:
+        gm, slots, out_spec = self._trace()
+        x_ex, e_ex = _example(self.layout)
+        flat = [x_ex[k] if kind == "x" else e_ex[k] for kind, k in slots]
+        shapes = _Shapes(gm)
+        with torch.no_grad():
+            try:
+                shapes.run(*flat)
+            except Exception as err:
+                raise _error(
+                    f"{type(self.model).__name__} failed on a small typed graph of the store's "
+                    f"types ({type(err).__name__}: {err})"
+                ) from err
+        self.shapes = shapes.shapes
+        self.gm = gm
+        self.x = self.g.placeholder("x")
+        self.edge_index = self.g.placeholder("edge_index")
+        self.edge_type = self.g.placeholder("edge_type")
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(slots):
+            raise _error(
+                f"{type(self.model).__name__}: traced {len(placeholders)} inputs for "
+                f"{len(slots)} per-type features and relations"
+            )
+        for node, (kind, key) in zip(placeholders, slots, strict=True):
+            if kind == "x":
+                self.values[node] = self._features(self.layout.index(key))
+            else:
+                self.values[node] = _Value(None, kind="edges", payload=key)
+        output = None
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                output = node
+                break
+            self.values[node] = self._node(node)
+        assert output is not None
+        result, types = self._output(output, out_spec)
+        self.g.output(result)
+        hm = HomogeneousModel(self.root, self.g, f"{type(self.model).__name__}Homogeneous")
+        hm.graph.eliminate_dead_code()
+        hm.recompile()
+        hm.layout = self.layout
+        hm.output_types = tuple(self.layout.names[t] for t in types)
+        return hm
+
+    def _features(self, t: int) -> _Value:
+        dim = self.layout.feature_dims[t]
+        if dim == max(self.layout.feature_dims):
+            return _Value(self.x, t)
+        node = self._columns(self.x, dim)
+        self.feature_slices.add(node)
+        return _Value(node, t)
+
+    def _columns(self, node: fx.Node, width: int) -> fx.Node:
+        return self._emit(
+            "call_function", operator.getitem, (node, (slice(None), slice(None, width))), {}
+        )
+
+    def _emit(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
+        """Emit an op, once per identical call (target and arguments)."""
+        key = f"{op}|{target!r}|{args!r}|{kwargs!r}"
+        node = self.cse.get(key)
+        if node is None:
+            node = self.cse[key] = self.g.create_node(op, target, args, kwargs)
+        return node
+
+    def _where(self, node: fx.Node) -> str:
+        from hopserve.worker.trace.tracer import source_line
+
+        return source_line(node)
+
+    def _node(self, node: fx.Node) -> _Value:
+        if node.op == "get_attr":
+            return _Value(self._emit("get_attr", f"model.{node.target}", (), {}))
+        if node.op == "call_module":
+            module = self.gm.get_submodule(str(node.target))
+            hetero_cls = _hetero_conv_class()
+            if hetero_cls is not None and isinstance(module, hetero_cls):
+                return self._hetero(node, module)
+            return self._module(node, module)
+        if (
+            node.op == "call_function"
+            and node.target is operator.getitem
+            and isinstance(node.args[0], fx.Node)
+            and self.values[node.args[0]].kind == "hetero"
+        ):
+            return self._hetero_output(node)
+        return self._function(node)
+
+    def _map(self, node: fx.Node, types: set[int]) -> tuple[tuple, dict]:
+        """The node's arguments in the homogeneous graph; collects their node types."""
+
+        def one(a: fx.Node) -> fx.Node:
+            v = self.values[a]
+            if v.kind != "tensor":
+                what = "an edge_index" if v.kind == "edges" else "a HeteroConv's output dict"
+                raise _error(
+                    f"'{node.name}' at {self._where(node)} uses {what} outside a "
+                    "HeteroConv; only HeteroConv may read the graph"
+                )
+            if v.type_index is not None:
+                types.add(v.type_index)
+            return v.node
+
+        return fx.node.map_arg(node.args, one), fx.node.map_arg(node.kwargs, one)
+
+    def _one_type(self, node: fx.Node, types: set[int]) -> int | None:
+        if len(types) > 1:
+            names = sorted(self.layout.names[t] for t in types)
+            raise _error(
+                f"'{node.name}' at {self._where(node)} mixes the values of node types "
+                f"{names}; per-type values are combined only by HeteroConv"
+            )
+        return next(iter(types), None)
+
+    def _function(self, node: fx.Node) -> _Value:
+        types: set[int] = set()
+        args, kwargs = self._map(node, types)
+        t = self._one_type(node, types)
+        return _Value(self._emit(node.op, node.target, args, kwargs), t)
+
+    def _module(self, node: fx.Node, module: nn.Module) -> _Value:
+        from hopserve.worker.convs.registry import is_conv_module
+
+        if is_conv_module(module):
+            return self._relation_conv(node, module)
+        types: set[int] = set()
+        args, kwargs = self._map(node, types)
+        t = self._one_type(node, types)
+        if t is None:
+            return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs))
+        if len(args) != 1 or kwargs:
+            raise _error(
+                f"module '{node.target}' at {self._where(node)} takes several inputs; a "
+                "per-type module of a dict model must take one tensor"
+            )
+        self.typed.append(TypedRows(module, t, self.layout))
+        target = f"typed.{len(self.typed) - 1}"
+        return _Value(self.g.call_module(target, args), t)
+
+    def _hetero(self, node: fx.Node, conv: nn.Module) -> _Value:
+        where = f"HeteroConv '{node.target}' at {self._where(node)}"
+        if len(node.args) != 2 or node.kwargs:
+            raise _error(
+                f"{where} is called with per-relation edge data; only "
+                "conv(x_dict, edge_index_dict) is served yet"
+            )
+        x_arg, edges_arg = node.args
+        if not isinstance(x_arg, dict) or not isinstance(edges_arg, dict):
+            raise _error(f"{where} must be called with the per-type dicts themselves")
+        if conv.aggr not in ("sum", "mean", "min", "max", "mul", "cat"):
+            raise _error(
+                f"{where} uses aggr={conv.aggr!r}; per-node outputs need sum, mean, min, "
+                "max, mul or cat"
+            )
+        inputs: dict[int, fx.Node] = {}
+        for name, value in x_arg.items():
+            v = self.values[value]
+            if v.kind != "tensor" or v.type_index != self.layout.index(name):
+                raise _error(f"{where}: x_dict[{name!r}] is not node type {name!r}'s value")
+            inputs[v.type_index] = value
+        calls = []
+        for key in conv.convs.keys():  # noqa: SIM118 - (src, name, dst) keys
+            rel = self.layout.relation_id(key)
+            if rel is None or key not in edges_arg:
+                continue  # PyG skips relations the edge_index_dict lacks
+            if self.values[edges_arg[key]].payload != tuple(key):
+                raise _error(f"{where}: edge_index_dict[{key}] is not the graph's {key}")
+            src, dst = self.layout.index(key[0]), self.layout.index(key[2])
+            for end, t in (("source", src), ("destination", dst)):
+                if t not in inputs:
+                    raise _error(
+                        f"{where}: relation {key} reads node type {self.layout.names[t]!r} "
+                        f"({end}), which x_dict lacks here"
+                    )
+            _check_relation_conv(conv.convs[key], f"{node.target}.{'__'.join(key)}", where)
+            calls.append(RelationCall(tuple(key), rel, src, dst))
+        used = sorted({c.src for c in calls} | {c.dst for c in calls})
+        widths = {t: int(self.shapes[inputs[t]][-1]) for t in used}
+        out_shapes = self.shapes.get(node, {})
+        out_widths = {self.layout.index(k): int(s[-1]) for k, s in out_shapes.items()}
+        convs = [conv.convs[c.key] for c in calls]
+        out_width = max(out_widths.values(), default=1)
+        layer = HeteroLayer(convs, calls, conv.aggr, self.layout, widths, out_width)
+        out = self._layer(layer, [self.values[inputs[t]].node for t in used], used)
+        return _Value(out, kind="hetero", payload=(layer, out_widths))
+
+    def _layer(self, layer: HeteroLayer, inputs: list[fx.Node], types: list[int]) -> fx.Node:
+        """Call ``layer`` on its types' values (merged into one table where they differ)."""
+        self.layers.append(layer)
+        x_in = self._merged(inputs, types)
+        target = f"hetero_layers.{len(self.layers) - 1}"
+        return self.g.call_module(target, (x_in, self.edge_index, self.edge_type))
+
+    def _relation_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
+        """One relation conv of a ``to_hetero`` model: ``conv((x_s, x_t), edge_index_r)`` or
+        ``conv(x_t, edge_index_r)``, a one-relation :class:`HeteroLayer`."""
+        where = f"conv '{node.target}' at {self._where(node)}"
+        if len(node.args) != 2 or node.kwargs:
+            raise _error(
+                f"{where} is called with more than (x, edge_index); per-relation edge data "
+                "is not served yet"
+            )
+        x_arg, edge_arg = node.args
+        edges = self.values.get(edge_arg) if isinstance(edge_arg, fx.Node) else None
+        if edges is None or edges.kind != "edges":
+            raise _error(f"{where}: its graph argument is not one relation's edge_index")
+        key = tuple(edges.payload)
+        rel = self.layout.relation_id(key)
+        src, dst = self.layout.index(key[0]), self.layout.index(key[2])
+        pair = x_arg if isinstance(x_arg, (tuple, list)) else (x_arg, x_arg)
+        if len(pair) != 2:
+            raise _error(f"{where}: its input is not x or a pair (x_src, x_dst)")
+        for end, t, a in (("source", src, pair[0]), ("destination", dst, pair[1])):
+            v = self.values.get(a) if isinstance(a, fx.Node) else None
+            if v is None or v.kind != "tensor" or v.type_index != t:
+                raise _error(
+                    f"{where}: its {end} input is not node type {self.layout.names[t]!r}'s value"
+                )
+        _check_relation_conv(conv, str(node.target), where)
+        call = RelationCall(key, rel, src, dst)
+        types = sorted({src, dst})
+        widths = {t: int(self.shapes[a][-1]) for t, a in ((src, pair[0]), (dst, pair[1]))}
+        out_width = int(self.shapes[node][-1])
+        layer = HeteroLayer([conv], [call], "sum", self.layout, widths, out_width)
+        inputs = {src: self.values[pair[0]].node, dst: self.values[pair[1]].node}
+        return _Value(self._layer(layer, [inputs[t] for t in types], types), dst)
+
+    def _merged(self, nodes: list[fx.Node], types: list[int]) -> fx.Node:
+        if not nodes:
+            return self.x
+        if all(n is nodes[0] for n in nodes):
+            return nodes[0]
+        if all(n is self.x or n in self.feature_slices for n in nodes):
+            return self.x  # each type's features are its columns of the zero-padded table
+        key = f"merge|{types}|{nodes}"
+        if key not in self.cse:
+            self.typed.append(TypedMerge(types, self.layout))
+            self.cse[key] = self.g.call_module(f"typed.{len(self.typed) - 1}", tuple(nodes))
+        return self.cse[key]
+
+    def _hetero_output(self, node: fx.Node) -> _Value:
+        src = self.values[node.args[0]]
+        layer, widths = src.payload
+        name = node.args[1]
+        t = self.layout.index(name)
+        if t not in widths:
+            raise _error(
+                f"'{node.name}' at {self._where(node)} reads node type {name!r}, which no "
+                "relation of the HeteroConv reaches"
+            )
+        if widths[t] == layer.out_width:
+            return _Value(src.node, t)
+        return _Value(self._columns(src.node, widths[t]), t)
+
+    def _output(self, output: fx.Node, out_spec: Any) -> tuple[fx.Node, list[int]]:
+        flat = (
+            list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        )
+        structure = pytree.tree_unflatten(flat, out_spec) if out_spec is not None else flat[0]
+        name = type(self.model).__name__
+        if isinstance(structure, fx.Node):
+            v = self.values[structure]
+            if v.kind != "tensor" or v.type_index is None:
+                raise _error(f"{name} must return one node type's embeddings or a dict of them")
+            return v.node, [v.type_index]
+        if isinstance(structure, dict):
+            types, nodes = [], []
+            for key, value in structure.items():
+                v = self.values[value] if isinstance(value, fx.Node) else None
+                if v is None or v.kind != "tensor" or v.type_index != self.layout.index(key):
+                    raise _error(f"{name}'s output [{key!r}] is not node type {key!r}'s value")
+                types.append(v.type_index)
+                nodes.append(v.node)
+            return self._merged(nodes, types), types
+        raise _error(
+            f"{name} returns a {type(structure).__name__}; a dict model must return one node "
+            "type's embeddings or a dict of them"
+        )
+
+
+def _check_relation_conv(conv: nn.Module, qualname: str, where: str) -> None:
+    """A relation conv must be exact on a batch as it is (no whole-graph statistic)."""
+    from hopserve.worker.convs.base import UnsupportedConvError
+    from hopserve.worker.convs.message_passing import MessagePassingAdapter
+    from hopserve.worker.convs.registry import adapter_for
+
+    try:
+        adapter = adapter_for(conv, qualname)
+    except UnsupportedConvError as err:
+        raise _error(f"{where}: {err}") from err
+    if type(adapter) is not MessagePassingAdapter:
+        raise _error(
+            f"{where}: relation conv '{qualname}' ({type(conv).__name__}) needs a "
+            "whole-graph statistic, which a relation of a HeteroConv cannot take yet; use "
+            "a conv that aggregates in-neighbours only (SAGEConv, GraphConv, GATConv, ...)"
+        )
+
+
+def as_homogeneous(model: nn.Module, graph: Any) -> nn.Module:
+    """``model`` as the engine splits it on ``graph``: a dict model rebuilt over the typed
+    store's homogeneous form, any other model as it is.
+
+    Raises:
+        ModelTraceError: a dict model on an untyped store, or one :func:`homogenize`
+            refuses.
+    """
+    if not is_dict_model(model) or isinstance(model, HomogeneousModel):
+        return model
+    layout = TypeLayout.from_graph(graph)
+    if layout is None:
+        raise _error(
+            f"{type(model).__name__}.forward takes per-type dicts, but the graph has no node "
+            "types; build a typed store (GraphStore.from_pyg(HeteroData), from_hetero, "
+            "hopserve ingest-typed)"
+        )
+    return homogenize(model, layout)

@@ -1,0 +1,157 @@
+"""The typed modules of a dict model's homogeneous form (:mod:`.homogenize`).
+
+A dict model's per-type values become tables over *all* rows (storage order, or a batch's
+rows), each meaningful on its own type's rows:
+
+- :class:`HeteroLayer` is one ``HeteroConv``: for a destination ``v`` of type ``t``,
+  ``out[v] = aggr_{r = (s, ·, t)} conv_r((x_s, x_t), E_r)[v]``, where ``x_s`` is the input
+  table's first ``width_s`` columns. It is a conv for the engine (a batch-aware adapter,
+  :mod:`hopserve.worker.convs.hetero`): each relation conv runs on the batch's in-edges of
+  its relation, which is exact because a relation conv's output for ``v`` depends on
+  ``v``'s row and its in-edges of that relation only (the support matrix's ``exact``
+  status).
+- :class:`TypedRows` is a per-type module (``lin_dict[t]``) on its type's rows.
+- :class:`TypedMerge` joins per-type values into one table (row of type ``t`` from ``t``'s
+  value), where a ``HeteroConv`` reads different values per type.
+
+The node-wise two take ``node_ids`` (the storage ids of their rows, ``None`` for all rows
+in storage order), which the block code generator passes (``needs_node_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from hopserve.worker.hetero.layout import TypeLayout
+
+__all__ = ["HeteroLayer", "RelationCall", "TypedMerge", "TypedRows", "group_relations"]
+
+
+def group_relations(outs: list[Tensor], aggr: str) -> Tensor:
+    """PyG ``HeteroConv``'s aggregation of one destination type's relation outputs."""
+    from torch_geometric.nn.conv.hetero_conv import group
+
+    return group(outs, aggr)
+
+
+@dataclass(frozen=True)
+class RelationCall:
+    """One relation conv of a :class:`HeteroLayer`."""
+
+    key: tuple[str, str, str]  # the HeteroConv's key (src, name, dst)
+    relation: int  # the relation's id in the graph's edge_type column
+    src: int  # source type index in the layout
+    dst: int  # destination type index
+
+
+class HeteroLayer(nn.Module):
+    """Relation convs joined per destination type (see the module doc): a ``HeteroConv``,
+    or one relation conv of a ``to_hetero`` model (whose joins are ops of their own).
+
+    Args:
+        convs: the user's relation convs (shared, not copied), one per call.
+        calls: which relation each conv runs on, in the model's order.
+        aggr: ``HeteroConv``'s aggregation over a destination type's relations.
+        layout: the store's node types and relations.
+        in_widths: true width of each source/destination type's input (type index -> cols).
+        out_width: output columns (the widest destination type's; narrower ones padded).
+    """
+
+    def __init__(
+        self,
+        convs: Sequence[nn.Module],
+        calls: Sequence[RelationCall],
+        aggr: str,
+        layout: TypeLayout,
+        in_widths: dict[int, int],
+        out_width: int,
+    ) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(convs)
+        self.calls = tuple(calls)
+        self.aggr = aggr
+        self.layout = layout
+        self.in_widths = dict(in_widths)
+        self.out_width = int(out_width)
+        self.num_relations = len(layout.relations)  # the relation ids the edge column holds
+        by_dst: dict[int, list[int]] = {}
+        for k, call in enumerate(self.calls):
+            by_dst.setdefault(call.dst, []).append(k)
+        self.by_dst = tuple((t, tuple(ks)) for t, ks in by_dst.items())
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_type: Tensor) -> Tensor:
+        """The layer on the whole graph: rows in storage order."""
+        n = x.shape[0]
+        types = self.layout.types_of(None, n, x.device)
+        out = x.new_zeros(n, self.out_width)
+        for t, ks in self.by_dst:
+            rows = (types == t).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            outs = []
+            for k in ks:
+                call, conv = self.calls[k], self.convs[k]
+                ei = edge_index[:, edge_type == call.relation]
+                x_dst = x[:, : self.in_widths[call.dst]]
+                if call.src == call.dst:
+                    y = conv(x_dst, ei)
+                else:
+                    y = conv((x[:, : self.in_widths[call.src]], x_dst), ei)
+                outs.append(y.index_select(0, rows))
+            y = group_relations(outs, self.aggr)
+            out[rows, : y.shape[1]] = y
+        return out
+
+    def extra_repr(self) -> str:
+        rels = ", ".join("__".join(c.key) for c in self.calls)
+        return f"relations=[{rels}], aggr={self.aggr!r}, out_width={self.out_width}"
+
+
+class TypedRows(nn.Module):
+    """``module`` applied to the rows of one node type; zero rows elsewhere (a per-type
+    module such as ``lin_dict[t]`` of a dict model)."""
+
+    needs_node_ids = True
+
+    def __init__(self, module: nn.Module, type_index: int, layout: TypeLayout) -> None:
+        super().__init__()
+        self.module = module
+        self.type_index = int(type_index)
+        self.layout = layout
+
+    def forward(self, x: Tensor, node_ids: Tensor | None = None) -> Tensor:
+        rows = self.layout.rows_of(node_ids, x.shape[0], self.type_index, x.device)
+        y = self.module(x.index_select(0, rows))
+        out = y.new_zeros((x.shape[0], *y.shape[1:]))
+        return out.index_copy_(0, rows, y)
+
+    def extra_repr(self) -> str:
+        return f"type={self.layout.names[self.type_index]!r}"
+
+
+class TypedMerge(nn.Module):
+    """One table from per-type values: a row of type ``types[k]`` is ``values[k]``'s row,
+    zero-padded to the widest value; rows of other types are zero."""
+
+    needs_node_ids = True
+
+    def __init__(self, types: Sequence[int], layout: TypeLayout) -> None:
+        super().__init__()
+        self.types = tuple(int(t) for t in types)
+        self.layout = layout
+
+    def forward(self, *values: Tensor, node_ids: Tensor | None = None) -> Tensor:
+        n = values[0].shape[0]
+        width = max(int(v.shape[1]) for v in values)
+        out = values[0].new_zeros(n, width)
+        types = self.layout.types_of(node_ids, n, out.device)
+        for t, v in zip(self.types, values, strict=True):
+            rows = (types == t).nonzero().squeeze(1)
+            out[rows, : v.shape[1]] = v.index_select(0, rows)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"types={[self.layout.names[t] for t in self.types]}"
