@@ -1,11 +1,14 @@
-"""The adapter of a dict model's ``HeteroConv`` (:class:`~hopserve.worker.hetero.modules.HeteroLayer`).
+"""The adapters of a dict model's typed layers (:mod:`hopserve.worker.hetero.modules`).
 
-Per batch and destination type ``t``: each relation ``r = (s, ·, t)`` runs its own conv on
-the batch's in-edges of ``r`` (the ``edge_type`` column), with the batch's type-``t``
+:class:`HeteroLayerAdapter` (a ``HeteroConv``, or one relation conv of ``to_hetero``): per
+batch and destination type ``t``, each relation ``r = (s, ·, t)`` runs its own conv on the
+batch's in-edges of ``r`` (the ``edge_type`` column), with the batch's type-``t``
 destinations as the destination side and their ``r``-sources as the source side, then the
 ``HeteroConv``'s aggregation joins the relations. A same-type relation runs on one square
 table whose first rows are the destinations, so a source that is also a destination of
 the batch is one row (a conv that adds or removes self-loops sees them as loops).
+
+:class:`DictConvAdapter` (``HGTConv``): the conv on the batch's typed subgraph.
 """
 
 from __future__ import annotations
@@ -17,18 +20,15 @@ from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.hetero.layout import TypeLayout
-from hopserve.worker.hetero.modules import HeteroLayer, group_relations
+from hopserve.worker.hetero.modules import DictConvLayer, HeteroLayer, group_relations
 
-__all__ = ["HeteroLayerAdapter"]
+__all__ = ["DictConvAdapter", "HeteroLayerAdapter"]
 
 
-class HeteroLayerAdapter(ConvAdapter):
-    """Runs a :class:`HeteroLayer` on a :class:`LayerBatch` (see the module doc)."""
+class _TypedAdapter(ConvAdapter):
+    """An adapter of a typed layer: reads relation ids, checks the graph's type layout."""
 
     accepts_edge_data = True
-
-    def __init__(self, conv: HeteroLayer) -> None:
-        super().__init__(conv)
 
     def prepare(self, graph: Any) -> None:
         """Refuse a typed graph laid out otherwise than the one the model was split for."""
@@ -43,6 +43,10 @@ class HeteroLayerAdapter(ConvAdapter):
                 "reload the model against this graph"
             )
         super().prepare(graph)
+
+
+class HeteroLayerAdapter(_TypedAdapter):
+    """Runs a :class:`HeteroLayer` on a :class:`LayerBatch` (see the module doc)."""
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: HeteroLayer = self.conv
@@ -99,3 +103,15 @@ class HeteroLayerAdapter(ConvAdapter):
         width = layer.in_widths[call.dst]
         table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
         return conv(table, torch.stack([local, dst]))[:num_t]
+
+
+class DictConvAdapter(_TypedAdapter):
+    """Runs a :class:`DictConvLayer` on a batch: the conv on the batch's typed subgraph
+    (its destinations, their sources and the in-edges between), destination rows kept."""
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        layer: DictConvLayer = self.conv
+        edge_type = self.edge_values(batch)["edge_type"]
+        types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
+        out = layer.on_rows(x, types, batch.src_index, batch.dst_index, edge_type)
+        return out[: batch.num_dst]

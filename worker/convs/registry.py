@@ -211,12 +211,12 @@ def _internal_adapter(module: nn.Module) -> AdapterFactory | None:
     """The adapter of an engine-made conv (a dict model's ``HeteroLayer``), else ``None``.
 
     These are not user convs and not rows of the support matrix."""
-    from hopserve.worker.hetero.modules import HeteroLayer
+    from hopserve.worker.hetero.modules import DictConvLayer, HeteroLayer
 
-    if isinstance(module, HeteroLayer):
-        from hopserve.worker.convs.hetero import HeteroLayerAdapter
+    if isinstance(module, (HeteroLayer, DictConvLayer)):
+        from hopserve.worker.convs.hetero import DictConvAdapter, HeteroLayerAdapter
 
-        return HeteroLayerAdapter
+        return HeteroLayerAdapter if isinstance(module, HeteroLayer) else DictConvAdapter
     return None
 
 

@@ -35,9 +35,23 @@ from torch.fx._symbolic_trace import PH
 from torch.utils import _pytree as pytree
 
 from hopserve.worker.hetero.layout import TypeLayout
-from hopserve.worker.hetero.modules import HeteroLayer, RelationCall, TypedMerge, TypedRows
+from hopserve.worker.hetero.modules import (
+    DictConvLayer,
+    HeteroLayer,
+    RelationCall,
+    TypedMerge,
+    TypedRows,
+)
 
 __all__ = ["HomogeneousModel", "as_homogeneous", "homogenize", "is_dict_model"]
+
+DICT_CONVS = frozenset({"HGTConv"})
+"""Convs taking per-type dicts whose output for a node reads its own row and its in-edges
+only (over all relations), run on each batch's typed subgraph (:class:`DictConvLayer`)."""
+DICT_CONV_REFUSALS = {
+    "HANConv": "its semantic-level attention averages a score over every node of a type, "
+    "so a node's output depends on all nodes, not on its in-edges",
+}
 
 
 def is_dict_model(model: nn.Module) -> bool:
@@ -78,12 +92,14 @@ def _hetero_conv_class() -> type | None:
 
 
 class _DictTracer(fx.Tracer):
-    """fx tracer keeping ``HeteroConv`` whole; its call returns ``{dst: proxy[dst]}``."""
+    """fx tracer keeping ``HeteroConv`` and convs whole; a leaf that returned a dict on
+    the example graph (``outputs``: its keys) returns ``{key: proxy[key]}``."""
 
-    def __init__(self) -> None:
+    def __init__(self, outputs: dict[nn.Module, tuple[str, ...]]) -> None:
         super().__init__()
         self.record_stack_traces = True
         self.hetero_cls = _hetero_conv_class()
+        self.outputs = outputs
 
     def _is_hetero(self, m: nn.Module) -> bool:
         return self.hetero_cls is not None and isinstance(m, self.hetero_cls)
@@ -97,24 +113,44 @@ class _DictTracer(fx.Tracer):
 
     def call_module(self, m, forward, args, kwargs):  # noqa: ANN001 - fx's signature
         out = super().call_module(m, forward, args, kwargs)
-        if self._is_hetero(m):
-            # keys(), not iteration: PyG's ModuleDict iterates its internal string keys
-            dsts = dict.fromkeys(key[2] for key in m.convs.keys())  # noqa: SIM118
-            return {dst: out[dst] for dst in dsts}
+        if m in self.outputs and self.is_leaf_module(m, ""):
+            return {key: out[key] for key in self.outputs[m]}
         return out
 
 
-def _example(layout: TypeLayout, seed: int = 3) -> tuple[dict[str, Tensor], dict[tuple, Tensor]]:
+def _example(
+    layout: TypeLayout, device: torch.device, seed: int = 3
+) -> tuple[dict[str, Tensor], dict[tuple, Tensor]]:
     """A tiny typed graph of the layout (5 nodes a type, 12 edges a relation)."""
     gen = torch.Generator().manual_seed(seed)
     n = 5
     x = {
-        name: torch.randn(n, dim, generator=gen)
+        name: torch.randn(n, dim, generator=gen).to(device)
         for name, dim in zip(layout.names, layout.feature_dims, strict=True)
         if dim > 0
     }
-    edges = {rel: torch.randint(0, n, (2, 12), generator=gen) for rel in layout.relations}
+    edges = {
+        rel: torch.randint(0, n, (2, 12), generator=gen).to(device) for rel in layout.relations
+    }
     return x, edges
+
+
+def _dict_outputs(model: nn.Module, example: tuple) -> dict[nn.Module, tuple[str, ...]]:
+    """The keys (with a tensor) of each submodule's dict output on the example graph."""
+    outputs: dict[nn.Module, tuple[str, ...]] = {}
+
+    def hook(module: nn.Module, _args: Any, out: Any) -> None:
+        if isinstance(out, dict):
+            outputs[module] = tuple(k for k, v in out.items() if isinstance(v, Tensor))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if m is not model]
+    try:
+        with torch.no_grad():
+            model(*example)
+    finally:
+        for h in handles:
+            h.remove()
+    return outputs
 
 
 class _Shapes(fx.Interpreter):
@@ -167,6 +203,7 @@ class _Builder:
         self.root.add_module("typed", self.typed)
         self.values: dict[fx.Node, _Value] = {}
         self.cse: dict[str, fx.Node] = {}
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.feature_slices: set[fx.Node] = set()
 
     # ------------------------------------------------------------------ trace
@@ -193,7 +230,14 @@ class _Builder:
             edge_arg: dict.fromkeys(self.layout.relations, PH),
         }
         concrete.update({p.name: p.default for p in params[2:]})
-        tracer = _DictTracer()
+        try:
+            outputs = _dict_outputs(self.model, _example(self.layout, self.device))
+        except Exception as err:
+            raise _error(
+                f"{name} failed on a small typed graph of the store's types "
+                f"({type(err).__name__}: {err})"
+            ) from err
+        tracer = _DictTracer(outputs)
         try:
             graph = tracer.trace(self.model, concrete_args=concrete)
         except Exception as err:
@@ -215,7 +259,7 @@ class _Builder:
     # ------------------------------------------------------------------ build
     def build(self) -> HomogeneousModel:
         gm, slots, out_spec = self._trace()
-        x_ex, e_ex = _example(self.layout)
+        x_ex, e_ex = _example(self.layout, self.device)
         flat = [x_ex[k] if kind == "x" else e_ex[k] for kind, k in slots]
         shapes = _Shapes(gm)
         with torch.no_grad():
@@ -340,6 +384,8 @@ class _Builder:
         from hopserve.worker.convs.registry import is_conv_module
 
         if is_conv_module(module):
+            if node.args and isinstance(node.args[0], dict):
+                return self._dict_conv(node, module)
             return self._relation_conv(node, module)
         types: set[int] = set()
         args, kwargs = self._map(node, types)
@@ -402,7 +448,7 @@ class _Builder:
         out = self._layer(layer, [self.values[inputs[t]].node for t in used], used)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
 
-    def _layer(self, layer: HeteroLayer, inputs: list[fx.Node], types: list[int]) -> fx.Node:
+    def _layer(self, layer: nn.Module, inputs: list[fx.Node], types: list[int]) -> fx.Node:
         """Call ``layer`` on its types' values (merged into one table where they differ)."""
         self.layers.append(layer)
         x_in = self._merged(inputs, types)
@@ -442,6 +488,45 @@ class _Builder:
         layer = HeteroLayer([conv], [call], "sum", self.layout, widths, out_width)
         inputs = {src: self.values[pair[0]].node, dst: self.values[pair[1]].node}
         return _Value(self._layer(layer, [inputs[t] for t in types], types), dst)
+
+    def _dict_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
+        """A conv taking per-type dicts itself: a :class:`DictConvLayer` (``HGTConv``)."""
+        name = type(conv).__name__
+        where = f"conv '{node.target}' ({name}) at {self._where(node)}"
+        if name not in DICT_CONVS:
+            reason = DICT_CONV_REFUSALS.get(
+                name,
+                "hopserve serves the dict convs HeteroConv and "
+                f"{', '.join(sorted(DICT_CONVS))}, whose output for a node reads its in-edges only",
+            )
+            raise _error(
+                f"{where} takes per-type dicts and cannot be evaluated layer by layer: {reason}"
+            )
+        if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], dict):
+            raise _error(f"{where} must be called as conv(x_dict, edge_index_dict)")
+        x_arg, edges_arg = node.args
+        inputs: dict[int, fx.Node] = {}
+        for key, value in x_arg.items():
+            v = self.values.get(value) if isinstance(value, fx.Node) else None
+            if v is None or v.kind != "tensor" or v.type_index != self.layout.index(key):
+                raise _error(f"{where}: x_dict[{key!r}] is not node type {key!r}'s value")
+            inputs[v.type_index] = value
+        relations = []
+        for key, value in edges_arg.items():
+            v = self.values.get(value) if isinstance(value, fx.Node) else None
+            if v is None or v.kind != "edges" or v.payload != tuple(key):
+                raise _error(f"{where}: edge_index_dict[{key}] is not the graph's {key}")
+            relations.append((self.layout.relation_id(key), tuple(key)))
+        types = sorted(inputs)
+        widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
+        out_widths = {
+            self.layout.index(k): int(s[-1]) for k, s in self.shapes.get(node, {}).items()
+        }
+        layer = DictConvLayer(
+            conv, self.layout, relations, widths, max(out_widths.values(), default=1)
+        )
+        out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
+        return _Value(out, kind="hetero", payload=(layer, out_widths))
 
     def _merged(self, nodes: list[fx.Node], types: list[int]) -> fx.Node:
         if not nodes:

@@ -23,11 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from hopserve.worker.hetero.layout import TypeLayout
 
-__all__ = ["HeteroLayer", "RelationCall", "TypedMerge", "TypedRows", "group_relations"]
+__all__ = [
+    "DictConvLayer",
+    "HeteroLayer",
+    "RelationCall",
+    "TypedMerge",
+    "TypedRows",
+    "group_relations",
+]
 
 
 def group_relations(outs: list[Tensor], aggr: str) -> Tensor:
@@ -155,3 +163,71 @@ class TypedMerge(nn.Module):
 
     def extra_repr(self) -> str:
         return f"types={[self.layout.names[t] for t in self.types]}"
+
+
+class DictConvLayer(nn.Module):
+    """A conv that takes per-type dicts itself (PyG ``HGTConv``), on the homogeneous form.
+
+    On any set of rows with their in-edges (the whole graph, or a batch's destinations
+    and their sources), the rows are split into per-type tables by their storage ids, the
+    edges into per-relation ``edge_index`` tensors in per-type positions, the conv runs on
+    that typed subgraph, and its per-type outputs go back to the rows. A destination's
+    result is exact when the conv's output for a node reads its own row and its in-edges
+    only (``HGTConv``: attention over the node's in-edges across relations).
+
+    Args:
+        conv: the user's conv (shared, not copied).
+        layout: the store's node types and relations.
+        relations: ``(relation id, (src, name, dst))`` of the edge types the call passes.
+        in_widths: true input width per type index in the call's ``x_dict``.
+        out_width: output columns (the widest output type's).
+    """
+
+    def __init__(
+        self,
+        conv: nn.Module,
+        layout: TypeLayout,
+        relations: Sequence[tuple[int, tuple[str, str, str]]],
+        in_widths: dict[int, int],
+        out_width: int,
+    ) -> None:
+        super().__init__()
+        self.conv = conv
+        self.layout = layout
+        self.relations = tuple((int(r), tuple(k)) for r, k in relations)
+        self.in_widths = dict(in_widths)
+        self.out_width = int(out_width)
+        self.num_relations = len(layout.relations)
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_type: Tensor) -> Tensor:
+        """The conv on the whole graph: rows in storage order."""
+        types = self.layout.types_of(None, x.shape[0], x.device)
+        return self.on_rows(x, types, edge_index[0], edge_index[1], edge_type)
+
+    def on_rows(self, x: Tensor, types: Tensor, src: Tensor, dst: Tensor, etype: Tensor) -> Tensor:
+        """The conv on rows ``x`` of types ``types`` with edges ``src -> dst`` (row
+        positions) of relations ``etype``; rows of types the conv does not output are 0.
+        Edges whose ends are not of their relation's types are left out (a typed store has
+        none; the load-time probe graph has)."""
+        n = x.shape[0]
+        pos = torch.zeros(n, dtype=torch.long, device=x.device)
+        x_dict, rows = {}, {}
+        for t, width in self.in_widths.items():
+            rows[t] = (types == t).nonzero().squeeze(1)
+            pos[rows[t]] = torch.arange(rows[t].numel(), device=x.device)
+            x_dict[self.layout.names[t]] = x.index_select(0, rows[t])[:, :width]
+        edge_index_dict = {}
+        index = self.layout.names.index
+        for rel, key in self.relations:
+            on = (etype == rel) & (types[src] == index(key[0])) & (types[dst] == index(key[2]))
+            edge_index_dict[key] = torch.stack([pos[src[on]], pos[dst[on]]])
+        out = x.new_zeros(n, self.out_width)
+        for name, y in self.conv(x_dict, edge_index_dict).items():
+            t = index(name)
+            if y is not None and t in rows:
+                out[rows[t], : y.shape[1]] = y
+        return out
+
+    def extra_repr(self) -> str:
+        rels = ", ".join("__".join(k) for _, k in self.relations)
+        return f"relations=[{rels}], out_width={self.out_width}"

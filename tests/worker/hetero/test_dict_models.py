@@ -73,6 +73,22 @@ class ProjectedHetero(nn.Module):
         return {t: out[t] + 0.5 * h[t] for t in out}
 
 
+class HGT(nn.Module):
+    """Per-type input projections, two ``HGTConv`` layers (typed attention over every
+    in-relation of a node), every type's embeddings out."""
+
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.proj = nn.ModuleDict({t: pyg.Linear(-1, H) for t in metadata[0]})
+        self.convs = nn.ModuleList(pyg.HGTConv(H, H, metadata, heads=2) for _ in range(2))
+
+    def forward(self, x_dict, edge_index_dict):
+        x_dict = {t: self.proj[t](x).relu() for t, x in x_dict.items()}
+        for conv in self.convs:
+            x_dict = {t: x for t, x in conv(x_dict, edge_index_dict).items() if x is not None}
+        return x_dict
+
+
 class Skip(nn.Module):
     """The homogeneous model ``to_hetero`` rewrites: SAGE with a linear skip, then SAGE."""
 
@@ -90,6 +106,7 @@ class Skip(nn.Module):
 FAMILIES = [
     *(f"heteroconv_{aggr}" for aggr in ("sum", "mean", "max", "cat")),
     "projected",
+    "hgt",
     *(f"to_hetero_{aggr}" for aggr in ("sum", "mean", "max")),
 ]
 
@@ -101,6 +118,8 @@ def _model(family: str, data: HeteroData) -> nn.Module:
         return HeteroStack(md, aggr, md[1][0][2])
     if kind == "to_hetero":
         return pyg.to_hetero(Skip(), md, aggr=aggr)
+    if family == "hgt":
+        return HGT(md)
     assert family == "projected"
     return ProjectedHetero(data)
 
@@ -209,6 +228,15 @@ def test_heteroconv_equals_its_forward_on_random_typed_graphs(data, aggr):
     check_dict_model(model, data, f"HeteroConv aggr={aggr}")
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=typed_graphs())
+def test_hgt_equals_its_forward_on_random_typed_graphs(data):
+    md = data.metadata()
+    assume({et[2] for et in md[1]} == set(md[0]))  # a second HGT layer reads every type
+    torch.manual_seed(0)
+    check_dict_model(HGT(md), data, "HGT")
+
+
 @settings(
     max_examples=15,
     deadline=None,
@@ -285,4 +313,21 @@ def test_per_relation_edge_data_is_refused():
     model = WithEdgeAttr()
     _forward(model, data)
     with pytest.raises(ModelTraceError, match="per-relation edge data"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+
+
+def test_han_is_refused_naming_its_global_attention():
+    data = _fake(0)
+
+    class HAN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = pyg.HANConv(-1, H, data.metadata())
+
+        def forward(self, x_dict, edge_index_dict):
+            return self.conv(x_dict, edge_index_dict)
+
+    model = HAN()
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match="HANConv.*averages a score over every node"):
         LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
