@@ -1,5 +1,5 @@
-"""Typed graphs: RGCN on the synthetic recommender graph, hopserve vs DGL's and PyG's own
-inference, same graph, same model object and weights, one run.
+"""Typed graphs: RGCN and HGT on the synthetic recommender graph, hopserve vs DGL's and
+PyG's own inference, same graph, same model object and weights, one run.
 
 Run in the DGL venv (DGL 2.1 needs torch 2.2.1; PyG is installed there too)::
 
@@ -12,7 +12,11 @@ ranges, RCMK within each type, a relation id per edge). The models take the rela
 of each edge, as DGL's RGCN example does on ``dgl.to_homogeneous``:
 
 * ``dgl`` — ``RelGraphConv`` (basis regularizer, self-loop) x L, relu between;
-* ``pyg`` — ``RGCNConv`` (bases, mean per relation) x L, relu between.
+* ``pyg`` — ``RGCNConv`` (bases, mean per relation) x L, relu between;
+* ``hgt`` — PyG ``HGTConv`` x L (2 heads), a dict model (``forward(x_dict,
+  edge_index_dict)``) over the typed graph itself; hopserve runs each layer on every
+  batch's typed subgraph. DGL has no HGT of the same weights: PyG's full-graph forward is
+  the baseline.
 
 Methods (each in its own interpreter; peak RSS over the child's RSS before it opened the
 graph, against the memory model graph + features + two layers of ``hidden``-wide rows):
@@ -27,13 +31,14 @@ graph, against the memory model graph + features + two layers of ``hidden``-wide
   (``MultiLayerFullNeighborSampler(L)`` blocks per target batch).
 
 Outputs ``bench/results/hetero.{json,md,png}``. Ratios are measured side by side in one
-run; absolute times only mean something on the machine that produced them. HGT is not
-here yet: hopserve does not serve typed-node (dict) models layer-wise yet.
+run; absolute times only mean something on the machine that produced them. ``--merge``
+keeps the rows of libraries not run this time from the existing ``hetero.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -41,20 +46,45 @@ from typing import Any
 
 import harness
 
-FULL = {"dgl": ("hopserve", "dgl-manual", "dgl-fullgraph"), "pyg": ("hopserve", "pyg-fullgraph")}
+FULL = {
+    "dgl": ("hopserve", "dgl-manual", "dgl-fullgraph"),
+    "pyg": ("hopserve", "pyg-fullgraph"),
+    "hgt": ("hopserve", "hgt-fullgraph"),
+}
+MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT"}
 CHILD_KEYS = ("hidden", "out_dim", "bases", "threads", "budget_mb")
 
 
 # --------------------------------------------------------------------------- models
 def make_model(
-    library: str, layers: int, d_in: int, hidden: int, d_out: int, rels: int, bases: int
-):
-    """The benchmark's RGCN (seeded); ``layer(i, g, h, etypes)`` runs one layer."""
+    library: str, layers: int, d_in: int, hidden: int, d_out: int, rels: int, bases: int,
+    metadata=None,
+):  # fmt: skip
+    """The benchmark's RGCN or HGT (seeded); a DGL RGCN's ``layer(i, g, h, etypes)`` runs
+    one layer."""
     import torch
     from torch import nn
 
     dims = [d_in] + [hidden] * (layers - 1) + [d_out]
     torch.manual_seed(0)
+    if library == "hgt":
+        from torch_geometric.nn import HGTConv
+
+        class HGT(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.convs = nn.ModuleList(
+                    HGTConv(a, b, metadata, heads=2) for a, b in zip(dims, dims[1:], strict=False)
+                )
+
+            def forward(self, x_dict, edge_index_dict):
+                for i, conv in enumerate(self.convs):
+                    x_dict = conv(x_dict, edge_index_dict)
+                    if i < len(self.convs) - 1:
+                        x_dict = {t: x.relu() for t, x in x_dict.items()}
+                return x_dict
+
+        return HGT().eval()
     if library == "dgl":
         import dgl.nn as dglnn
 
@@ -154,6 +184,26 @@ def dgl_nodewise(model, g, x, etype, targets, batch_size: int):
 
 
 # --------------------------------------------------------------------------- one method
+def typed_inputs(store) -> tuple[dict, dict]:
+    """``(x_dict, edge_index_dict)`` of a typed store, per-type IDs (a dict model's input)."""
+    import torch
+
+    x, src, dst, etype = external_graph(store)
+    types = store.node_types
+    offsets = {t.name: t.offset for t in types}
+    x_dict = {t.name: x[t.offset : t.offset + t.count, : t.feature_dim] for t in types}
+    edge_index_dict = {}
+    for k, name in enumerate(store.relations):
+        s, r, d = name.split("__")
+        on = etype == k
+        edge_index_dict[(s, r, d)] = torch.stack([src[on] - offsets[s], dst[on] - offsets[d]])
+    return x_dict, edge_index_dict
+
+
+def metadata_of(store) -> tuple[list, list]:
+    return [t.name for t in store.node_types], [tuple(r.split("__")) for r in store.relations]
+
+
 def run_method(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -165,7 +215,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     rels = len(store.relations)
     model = make_model(
         args.library, args.num_layers, store.feature_dim, args.hidden, args.out_dim, rels,
-        args.bases,
+        args.bases, metadata_of(store),
     )  # fmt: skip
     base_rss = harness.current_rss_mb()  # the store is memory-mapped: pages read count
     targets = None
@@ -211,6 +261,15 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
             out, secs = harness.timed(
                 lambda: dgl_nodewise(model, g, x, etype, targets, args.nodewise_batch), args.repeat
             )
+    elif method == "hgt-fullgraph":
+        x_dict, edge_index_dict = typed_inputs(store)
+
+        def forward():
+            with torch.no_grad():
+                out = model(x_dict, edge_index_dict)
+            return torch.cat([out[t.name] for t in store.node_types])
+
+        out, secs = harness.timed(forward, args.repeat)
     elif method == "pyg-fullgraph":
         x, src, dst, etype = external_graph(store)
         ei = torch.stack([src, dst])
@@ -281,6 +340,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--nodewise-batch", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="50K nodes, 2 layers")
+    p.add_argument(
+        "--merge", action="store_true", help="keep other libraries' rows of the existing JSON"
+    )
     harness.add_io_args(p, data=harness.REPO / "data" / "bench-hetero")
     harness.add_child_args(
         p, "method", "library", "graph", "scratch", num_layers=int, fraction=float
@@ -325,7 +387,7 @@ def main() -> None:
     full, partial = [], []
     for library in args.libraries.split(","):
         for layers in (int(v) for v in args.layers.split(",")):
-            harness.log(f"full: {library} RGCN x{layers}")
+            harness.log(f"full: {library} {MODEL[library]} x{layers}")
             results = {
                 m: run_subprocess(args, graph, scratch, library, m, layers) for m in FULL[library]
             }
@@ -373,6 +435,13 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
         "threads": args.threads, "machine": harness.machine_line(), "versions": versions,
         "budget_mb": args.budget_mb, "memory_model_mb": mm, "total_wall_s": round(total_s, 1),
     }  # fmt: skip
+    previous = Path(args.out) / "hetero.json"
+    if args.merge and previous.exists():  # rows of the libraries not run this time
+        old = json.loads(previous.read_text())
+        ran = {row["library"] for row in full}
+        full[:0] = [row for row in old["full"] if row["library"] not in ran]
+        partial[:0] = [row for row in old["partial"] if row["library"] not in ran]
+        setup["merged_from"] = old["setup"]
     rows = []
     for row in full:
         r, lib = row["results"], row["library"]
@@ -385,7 +454,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             res["rss_ratio_to_memory_model"] = res["rss_over_baseline_mb"] / mm["total"]
         manual = r.get("dgl-manual")
         rows.append([
-            lib, row["layers"], f"{hop:.2f}",
+            f"{lib} {MODEL[lib]}", row["layers"], f"{hop:.2f}",
             f"{manual['seconds']:.2f} [{manual['batch_size']}]" if manual else "—",
             f"{r[f'{lib}-fullgraph']['seconds']:.2f}",
             f"{row['speedup_vs_dgl_manual']:.2f}×" if manual else "—",
@@ -396,14 +465,14 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             + (f" / {manual['scaled_max_abs_diff']:.1e}" if manual else ""),
         ])  # fmt: skip
     lines = [
-        f"RGCN on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
+        f"RGCN and HGT on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
         f"{args.threads} threads ({setup['machine']}); {versions}.",
         "",
     ]
     lines += harness.markdown_table(
-        ["library", "L", "hopserve (s)", "DGL-manual (s) [batch]", "full-graph (s)",
+        ["library model", "L", "hopserve (s)", "DGL-manual (s) [batch]", "full-graph (s)",
          "vs DGL-manual", "vs full-graph", "RSS over baseline, MB (× model): hopserve / full-graph",
          "max abs diff / max |ref|: hopserve / manual"],
         rows, "lrrrrrrll",
@@ -433,6 +502,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             prow, "lrrrrrl",
         )  # fmt: skip
     summary = {"setup": setup, "full": full, "partial": partial}
+
     harness.write_outputs(Path(args.out), "hetero", summary, lines, lambda p: plot(full, p, setup))
     harness.log(f"total wall time {total_s / 60:.1f} min")
 
@@ -451,10 +521,14 @@ def plot(rows: list[dict], path: Path, setup: dict) -> None:
                 ys.append(row["results"][key]["seconds"])
         ax.bar(xs, ys, width, label=m, color=color)
     ax.set_xticks(
-        range(len(rows)), [f"{r['library']} RGCN\nL={r['layers']}" for r in rows], fontsize=8
+        range(len(rows)),
+        [f"{r['library']} {MODEL[r['library']]}\nL={r['layers']}" for r in rows],
+        fontsize=8,
     )
     ax.set_ylabel("seconds (full evaluation)")
-    ax.set_title(f"RGCN, recommender graph, {setup['graph']['nodes']:,} nodes, CPU", fontsize=9)
+    ax.set_title(
+        f"RGCN and HGT, recommender graph, {setup['graph']['nodes']:,} nodes, CPU", fontsize=9
+    )
     ax.legend(fontsize=7)
     harness.save_figure(fig, path)
 

@@ -15,9 +15,13 @@ from hopserve.worker.convs.base import ConvAdapter
 
 EDGE_DATA = "; edge data from the graph store's edge columns"
 HETERO = (
-    "runs on a heterogeneous graph (per-type node features and relations); "
-    "hopserve's graph store is homogeneous. Convert with dgl.to_homogeneous and a "
-    "homogeneous model, or serve it outside hopserve"
+    "takes a heterograph and per-type dicts: served inside a dict model (forward(graph, "
+    "x_dict)) on a typed store, on each batch's typed subgraph (docs/heterogeneous.md); "
+    "not inside a homogeneous model"
+)
+HGT = (
+    "takes per-node type ids (ntype) as a second per-node input, which convs do not get "
+    "yet (PyG's HGTConv in a dict model is served on typed stores)"
 )
 CUGRAPH = (
     "runs on cugraph-ops' CUDA kernels (pylibcugraphops); serve the equivalent dgl.nn conv "
@@ -170,7 +174,7 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "DenseGraphConv": ("refused", None, DENSE),
     "DenseSAGEConv": ("refused", None, DENSE),
     "HeteroGraphConv": ("refused", None, HETERO),
-    "HGTConv": ("refused", None, HETERO),
+    "HGTConv": ("refused", None, HGT),
     # -- refused: another library's kernel
     "CuGraphGATConv": ("refused", None, CUGRAPH.format(base="GATConv")),
     "CuGraphSAGEConv": ("refused", None, CUGRAPH.format(base="SAGEConv")),

@@ -54,7 +54,7 @@ class HeteroLayerAdapter(_TypedAdapter):
         edge_type = self.edge_values(batch)["edge_type"]
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
         src_index, dst_index = batch.src_index, batch.dst_index
-        out = x.new_zeros(num_dst, layer.out_width)
+        out = x.new_zeros((num_dst, *layer.out_shape))
         for t, ks in layer.by_dst:
             dst_sel = (dst_types == t).nonzero().squeeze(1)
             if dst_sel.numel() == 0:
@@ -108,6 +108,11 @@ class HeteroLayerAdapter(_TypedAdapter):
 class DictConvAdapter(_TypedAdapter):
     """Runs a :class:`DictConvLayer` on a batch: the conv on the batch's typed subgraph
     (its destinations, their sources and the in-edges between), destination rows kept."""
+
+    def edge_bytes(self, src_row_bytes: int) -> int:
+        """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
+        gathered keys, queries, values and the messages, about five input-wide rows)."""
+        return 6 * src_row_bytes
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv

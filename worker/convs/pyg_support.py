@@ -35,10 +35,9 @@ from hopserve.worker.convs.base import ConvAdapter
 
 EDGE_DATA = "; edge data from the graph store's edge columns"
 EDGE_TYPES = "; relation ids (edge_type) from the graph store's edge_type column"
-HETERO = (
-    "runs on a heterogeneous graph (per-type node features and relations); hopserve's "
-    "graph store is homogeneous. Convert with HeteroData.to_homogeneous and a homogeneous "
-    "model, or serve it outside hopserve"
+DICT_MODEL = (
+    "takes per-type dicts: served inside a dict model (forward(x_dict, edge_index_dict)) on "
+    "a typed store, {how} (docs/heterogeneous.md); not inside a homogeneous model"
 )
 POSITIONS = "takes node positions (pos) as a second per-node input; convs take one feature input"
 KNN = "builds its own k-nearest-neighbour graph from the features (no edge_index)"
@@ -245,10 +244,19 @@ ROWS: dict[str, tuple[str, object, str]] = {
     ),
     "RGATConv": ("exact", _square, "relational attention per destination" + EDGE_TYPES),
     "SignedConv": ("refused", None, "needs two edge sets (positive and negative edges)"),
-    # -- refused: heterogeneous graphs
-    "HGTConv": ("refused", None, HETERO),
-    "HANConv": ("refused", None, HETERO),
-    "HeteroConv": ("refused", None, HETERO),
+    # -- dict convs: served in dict models on typed stores (worker/hetero), not here
+    "HGTConv": ("refused", None, DICT_MODEL.format(how="on each batch's typed subgraph")),
+    "HANConv": (
+        "refused",
+        None,
+        "its semantic-level attention averages a score over every node of a type, so a "
+        "node's output depends on all nodes; serve it outside hopserve",
+    ),
+    "HeteroConv": (
+        "refused",
+        None,
+        DICT_MODEL.format(how="each relation conv on its relation's in-edges"),
+    ),
     "HEATConv": ("refused", None, "needs node types, edge types and edge features"),
     # -- refused: not a fixed in-neighbourhood
     "GravNetConv": ("refused", None, KNN),

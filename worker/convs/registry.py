@@ -267,6 +267,16 @@ def support_matrix() -> dict[str, tuple[Status, str]]:
     }
 
 
+def conv_status(module: nn.Module) -> Status | None:
+    """The support matrix's status of ``module``'s class (along the MRO), or ``None``."""
+    _load_builtins()
+    _maybe_dgl(type(module))
+    for cls in type(module).__mro__:
+        if cls in _MATRIX:
+            return _MATRIX[cls].status
+    return None
+
+
 def is_conv_module(module: nn.Module) -> bool:
     """Whether the tracer must treat ``module`` as a conv (a leaf that aggregates)."""
     _load_builtins()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import sys
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from hopserve.worker.hetero.modules import (
     RelationCall,
     TypedMerge,
     TypedRows,
+    zero_in_degree_allowed,
 )
 
 __all__ = ["HomogeneousModel", "as_homogeneous", "homogenize", "is_dict_model"]
@@ -54,9 +56,19 @@ DICT_CONV_REFUSALS = {
 }
 
 
+def _is_dgl_dict_model(model: nn.Module) -> bool:
+    """A DGL model over a heterograph: ``forward(graph, x_dict)`` with a ``HeteroGraphConv``."""
+    dglnn = sys.modules.get("dgl.nn.pytorch")
+    hetero = getattr(dglnn, "HeteroGraphConv", None)
+    return hetero is not None and any(isinstance(m, hetero) for m in model.modules())
+
+
 def is_dict_model(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes per-type dicts: its first argument is ``*_dict``, or
-    it is PyG's ``to_hetero`` of a model (a graph module unpacking dicts)."""
+    """Whether ``model.forward`` takes per-type dicts: its first argument is ``*_dict``, it
+    is PyG's ``to_hetero`` of a model (a graph module unpacking dicts), or a DGL model with
+    a ``HeteroGraphConv`` (``forward(graph, x_dict)``)."""
+    if _is_dgl_dict_model(model):
+        return True
     if isinstance(model, fx.GraphModule) and any(
         n.op == "call_function" and getattr(n.target, "__name__", "") == "get_dict"
         and "to_hetero" in getattr(n.target, "__module__", "")
@@ -216,7 +228,11 @@ class _Builder:
         name = type(self.model).__name__
         if len(params) < 2:
             raise _error(f"{name}.forward must take (x_dict, edge_index_dict)")
-        x_arg, edge_arg = params[0].name, params[1].name
+        self.dgl = _is_dgl_dict_model(self.model)
+        if self.dgl:  # forward(graph, x_dict): the heterograph first
+            edge_arg, x_arg = params[0].name, params[1].name
+        else:
+            x_arg, edge_arg = params[0].name, params[1].name
         for p in params[2:]:
             if p.default is inspect.Parameter.empty:
                 raise _error(
@@ -227,11 +243,14 @@ class _Builder:
         x_types = [t for t, d in zip(self.layout.names, self.layout.feature_dims, strict=True) if d]
         concrete: dict[str, Any] = {
             x_arg: dict.fromkeys(x_types, PH),
-            edge_arg: dict.fromkeys(self.layout.relations, PH),
+            edge_arg: PH if self.dgl else dict.fromkeys(self.layout.relations, PH),
         }
         concrete.update({p.name: p.default for p in params[2:]})
+        x_ex, e_ex = _example(self.layout, self.device)
+        self.example = (_heterograph(self.layout, e_ex), x_ex) if self.dgl else (x_ex, e_ex)
         try:
-            outputs = _dict_outputs(self.model, _example(self.layout, self.device))
+            with zero_in_degree_allowed(self.model):  # the tiny example has such nodes
+                outputs = _dict_outputs(self.model, self.example)
         except Exception as err:
             raise _error(
                 f"{name} failed on a small typed graph of the store's types "
@@ -253,18 +272,24 @@ class _Builder:
             if not node.users:  # a baked-in default argument
                 graph.erase_node(node)
         gm = fx.GraphModule(tracer.root, graph)
-        slots = [("x", t) for t in x_types] + [("edges", r) for r in self.layout.relations]
-        return gm, slots, out_spec
+        x_slots = [("x", t) for t in x_types]
+        if self.dgl:
+            return gm, [("graph", None), *x_slots], out_spec
+        return gm, x_slots + [("edges", r) for r in self.layout.relations], out_spec
 
     # ------------------------------------------------------------------ build
     def build(self) -> HomogeneousModel:
         gm, slots, out_spec = self._trace()
-        x_ex, e_ex = _example(self.layout, self.device)
-        flat = [x_ex[k] if kind == "x" else e_ex[k] for kind, k in slots]
+        x_ex = self.example[1] if self.dgl else self.example[0]
+        flat = [
+            x_ex[k] if kind == "x" else self.example[0] if kind == "graph" else self.example[1][k]
+            for kind, k in slots
+        ]
         shapes = _Shapes(gm)
         with torch.no_grad():
             try:
-                shapes.run(*flat)
+                with zero_in_degree_allowed(self.model):
+                    shapes.run(*flat)
             except Exception as err:
                 raise _error(
                     f"{type(self.model).__name__} failed on a small typed graph of the store's "
@@ -284,6 +309,8 @@ class _Builder:
         for node, (kind, key) in zip(placeholders, slots, strict=True):
             if kind == "x":
                 self.values[node] = self._features(self.layout.index(key))
+            elif kind == "graph":
+                self.values[node] = _Value(None, kind="graph")
             else:
                 self.values[node] = _Value(None, kind="edges", payload=key)
         output = None
@@ -354,7 +381,9 @@ class _Builder:
         def one(a: fx.Node) -> fx.Node:
             v = self.values[a]
             if v.kind != "tensor":
-                what = "an edge_index" if v.kind == "edges" else "a HeteroConv's output dict"
+                what = {"edges": "an edge_index", "graph": "the graph"}.get(
+                    v.kind, "a conv's output dict"
+                )
                 raise _error(
                     f"'{node.name}' at {self._where(node)} uses {what} outside a "
                     "HeteroConv; only HeteroConv may read the graph"
@@ -384,6 +413,8 @@ class _Builder:
         from hopserve.worker.convs.registry import is_conv_module
 
         if is_conv_module(module):
+            if len(node.args) > 1 and self._kind(node.args[0]) == "graph":
+                return self._dgl_dict_conv(node, module)
             if node.args and isinstance(node.args[0], dict):
                 return self._dict_conv(node, module)
             return self._relation_conv(node, module)
@@ -441,9 +472,9 @@ class _Builder:
         used = sorted({c.src for c in calls} | {c.dst for c in calls})
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in used}
         out_shapes = self.shapes.get(node, {})
-        out_widths = {self.layout.index(k): int(s[-1]) for k, s in out_shapes.items()}
+        out_widths = {self.layout.index(k): tuple(s[1:]) for k, s in out_shapes.items()}
         convs = [conv.convs[c.key] for c in calls]
-        out_width = max(out_widths.values(), default=1)
+        out_width = _out_shape(out_widths, where)
         layer = HeteroLayer(convs, calls, conv.aggr, self.layout, widths, out_width)
         out = self._layer(layer, [self.values[inputs[t]].node for t in used], used)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
@@ -484,10 +515,51 @@ class _Builder:
         call = RelationCall(key, rel, src, dst)
         types = sorted({src, dst})
         widths = {t: int(self.shapes[a][-1]) for t, a in ((src, pair[0]), (dst, pair[1]))}
-        out_width = int(self.shapes[node][-1])
+        out_width = tuple(self.shapes[node][1:])
         layer = HeteroLayer([conv], [call], "sum", self.layout, widths, out_width)
         inputs = {src: self.values[pair[0]].node, dst: self.values[pair[1]].node}
         return _Value(self._layer(layer, [inputs[t] for t in types], types), dst)
+
+    def _kind(self, a: Any) -> str | None:
+        v = self.values.get(a) if isinstance(a, fx.Node) else None
+        return None if v is None else v.kind
+
+    def _dgl_dict_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
+        """DGL's ``HeteroGraphConv(graph, x_dict)``: a DGL-style :class:`DictConvLayer`."""
+        name = type(conv).__name__
+        where = f"conv '{node.target}' ({name}) at {self._where(node)}"
+        if name != "HeteroGraphConv":
+            raise _error(
+                f"{where} takes the heterograph; hopserve serves DGL's HeteroGraphConv only"
+            )
+        if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], dict):
+            raise _error(
+                f"{where} must be called as conv(graph, x_dict) (no per-relation arguments, "
+                "no (src, dst) pair of dicts)"
+            )
+        for rel, mod in conv.mods.items():
+            _check_dgl_relation_conv(mod, f"{node.target}.{rel}", where)
+        inputs = self._typed_inputs(node.args[1], where)
+        types = sorted(inputs)
+        widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
+        out_widths = {
+            self.layout.index(k): tuple(s[1:]) for k, s in self.shapes.get(node, {}).items()
+        }
+        relations = [(k, rel) for k, rel in enumerate(self.layout.relations)]
+        layer = DictConvLayer(
+            conv, self.layout, relations, widths, _out_shape(out_widths, where), style="dgl"
+        )
+        out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
+        return _Value(out, kind="hetero", payload=(layer, out_widths))
+
+    def _typed_inputs(self, x_arg: dict, where: str) -> dict[int, fx.Node]:
+        inputs: dict[int, fx.Node] = {}
+        for key, value in x_arg.items():
+            v = self.values.get(value) if isinstance(value, fx.Node) else None
+            if v is None or v.kind != "tensor" or v.type_index != self.layout.index(key):
+                raise _error(f"{where}: x_dict[{key!r}] is not node type {key!r}'s value")
+            inputs[v.type_index] = value
+        return inputs
 
     def _dict_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
         """A conv taking per-type dicts itself: a :class:`DictConvLayer` (``HGTConv``)."""
@@ -520,11 +592,9 @@ class _Builder:
         types = sorted(inputs)
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
         out_widths = {
-            self.layout.index(k): int(s[-1]) for k, s in self.shapes.get(node, {}).items()
+            self.layout.index(k): tuple(s[1:]) for k, s in self.shapes.get(node, {}).items()
         }
-        layer = DictConvLayer(
-            conv, self.layout, relations, widths, max(out_widths.values(), default=1)
-        )
+        layer = DictConvLayer(conv, self.layout, relations, widths, _out_shape(out_widths, where))
         out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
 
@@ -551,9 +621,9 @@ class _Builder:
                 f"'{node.name}' at {self._where(node)} reads node type {name!r}, which no "
                 "relation of the HeteroConv reaches"
             )
-        if widths[t] == layer.out_width:
+        if widths[t] == layer.out_shape:
             return _Value(src.node, t)
-        return _Value(self._columns(src.node, widths[t]), t)
+        return _Value(self._columns(src.node, widths[t][0]), t)
 
     def _output(self, output: fx.Node, out_spec: Any) -> tuple[fx.Node, list[int]]:
         flat = (
@@ -578,6 +648,46 @@ class _Builder:
         raise _error(
             f"{name} returns a {type(structure).__name__}; a dict model must return one node "
             "type's embeddings or a dict of them"
+        )
+
+
+def _out_shape(shapes: dict[int, tuple[int, ...]], where: str) -> tuple[int, ...]:
+    """One table's per-row shape for a conv's per-type outputs: their shape when they
+    agree, else the widest of 2-D outputs (narrower types zero-padded)."""
+    distinct = set(shapes.values())
+    if len(distinct) <= 1:
+        return next(iter(distinct), (1,))
+    if all(len(s) == 1 for s in distinct):
+        return (max(s[0] for s in distinct),)
+    raise _error(f"{where}: its per-type outputs have different shapes {sorted(distinct)}")
+
+
+def _heterograph(layout: TypeLayout, edges: dict[tuple, Tensor]) -> Any:
+    """The example graph as a DGL heterograph (5 nodes a type)."""
+    import dgl
+
+    device = next(iter(edges.values())).device if edges else torch.device("cpu")
+    return dgl.heterograph(
+        {k: (e[0], e[1]) for k, e in edges.items()},
+        num_nodes_dict=dict.fromkeys(layout.names, 5),
+        device=device,
+    )
+
+
+def _check_dgl_relation_conv(conv: nn.Module, qualname: str, where: str) -> None:
+    """A DGL relation conv must read its destinations' in-edges only: an ``exact`` conv of
+    the support matrix, or ``GraphConv`` without source-degree norms (norm right/none)."""
+    from hopserve.worker.convs.registry import conv_status
+
+    name = type(conv).__name__
+    if name == "GraphConv" and getattr(conv, "_norm", None) in ("right", "none"):
+        return
+    if conv_status(conv) != "exact":
+        raise _error(
+            f"{where}: relation conv '{qualname}' ({name}) is not exact on a relation's "
+            "in-edges alone (it needs a whole-graph statistic, e.g. GraphConv's norm='both' "
+            "source degrees, or is not a 1-hop conv); use norm='right' or a conv that "
+            "aggregates in-neighbours only (SAGEConv, GATConv, ...)"
         )
 
 

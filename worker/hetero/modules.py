@@ -20,7 +20,8 @@ in storage order), which the block code generator passes (``needs_node_ids``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,27 @@ class RelationCall:
     dst: int  # destination type index
 
 
+@contextlib.contextmanager
+def zero_in_degree_allowed(module: nn.Module) -> Iterator[None]:
+    """DGL convs (``GraphConv``, ``GATConv``, ...) refuse a graph with a node without
+    in-edges unless built with ``allow_zero_in_degree``; a batch's typed subgraph has such
+    nodes among its sources (their in-edges are not in it) and their rows are dropped, so
+    the check is lifted there. A destination has all its in-edges: where the model's own
+    forward would refuse one, the load-time probe does too."""
+    saved = [
+        (m, m._allow_zero_in_degree)
+        for m in module.modules()
+        if isinstance(getattr(m, "_allow_zero_in_degree", None), bool)
+    ]
+    for m, _ in saved:
+        m._allow_zero_in_degree = True
+    try:
+        yield
+    finally:
+        for m, value in saved:
+            m._allow_zero_in_degree = value
+
+
 class HeteroLayer(nn.Module):
     """Relation convs joined per destination type (see the module doc): a ``HeteroConv``,
     or one relation conv of a ``to_hetero`` model (whose joins are ops of their own).
@@ -65,7 +87,8 @@ class HeteroLayer(nn.Module):
         aggr: ``HeteroConv``'s aggregation over a destination type's relations.
         layout: the store's node types and relations.
         in_widths: true width of each source/destination type's input (type index -> cols).
-        out_width: output columns (the widest destination type's; narrower ones padded).
+        out_width: output columns (the widest destination type's; narrower ones padded),
+            or the per-row shape of outputs with more dimensions (heads).
     """
 
     def __init__(
@@ -75,7 +98,7 @@ class HeteroLayer(nn.Module):
         aggr: str,
         layout: TypeLayout,
         in_widths: dict[int, int],
-        out_width: int,
+        out_width: int | tuple[int, ...],
     ) -> None:
         super().__init__()
         self.convs = nn.ModuleList(convs)
@@ -83,7 +106,8 @@ class HeteroLayer(nn.Module):
         self.aggr = aggr
         self.layout = layout
         self.in_widths = dict(in_widths)
-        self.out_width = int(out_width)
+        self.out_shape = (int(out_width),) if isinstance(out_width, int) else tuple(out_width)
+        self.out_width = self.out_shape[0]
         self.num_relations = len(layout.relations)  # the relation ids the edge column holds
         by_dst: dict[int, list[int]] = {}
         for k, call in enumerate(self.calls):
@@ -94,7 +118,7 @@ class HeteroLayer(nn.Module):
         """The layer on the whole graph: rows in storage order."""
         n = x.shape[0]
         types = self.layout.types_of(None, n, x.device)
-        out = x.new_zeros(n, self.out_width)
+        out = x.new_zeros((n, *self.out_shape))
         for t, ks in self.by_dst:
             rows = (types == t).nonzero().squeeze(1)
             if rows.numel() == 0:
@@ -180,7 +204,9 @@ class DictConvLayer(nn.Module):
         layout: the store's node types and relations.
         relations: ``(relation id, (src, name, dst))`` of the edge types the call passes.
         in_widths: true input width per type index in the call's ``x_dict``.
-        out_width: output columns (the widest output type's).
+        out_width: output columns (the widest output type's), or the per-row shape.
+        style: ``"pyg"`` (``conv(x_dict, edge_index_dict)``) or ``"dgl"``
+            (``conv(heterograph, x_dict)``: DGL's ``HeteroGraphConv``).
     """
 
     def __init__(
@@ -189,15 +215,18 @@ class DictConvLayer(nn.Module):
         layout: TypeLayout,
         relations: Sequence[tuple[int, tuple[str, str, str]]],
         in_widths: dict[int, int],
-        out_width: int,
+        out_width: int | tuple[int, ...],
+        style: str = "pyg",
     ) -> None:
         super().__init__()
         self.conv = conv
         self.layout = layout
         self.relations = tuple((int(r), tuple(k)) for r, k in relations)
         self.in_widths = dict(in_widths)
-        self.out_width = int(out_width)
+        self.out_shape = (int(out_width),) if isinstance(out_width, int) else tuple(out_width)
+        self.out_width = self.out_shape[0]
         self.num_relations = len(layout.relations)
+        self.style = style
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_type: Tensor) -> Tensor:
         """The conv on the whole graph: rows in storage order."""
@@ -210,19 +239,34 @@ class DictConvLayer(nn.Module):
         Edges whose ends are not of their relation's types are left out (a typed store has
         none; the load-time probe graph has)."""
         n = x.shape[0]
+        index = self.layout.names.index
         pos = torch.zeros(n, dtype=torch.long, device=x.device)
         x_dict, rows = {}, {}
-        for t, width in self.in_widths.items():
+        ends = {index(k[0]) for _, k in self.relations} | {index(k[2]) for _, k in self.relations}
+        for t in sorted(set(self.in_widths) | ends):
             rows[t] = (types == t).nonzero().squeeze(1)
             pos[rows[t]] = torch.arange(rows[t].numel(), device=x.device)
-            x_dict[self.layout.names[t]] = x.index_select(0, rows[t])[:, :width]
+            if t in self.in_widths:
+                x_dict[self.layout.names[t]] = x.index_select(0, rows[t])[:, : self.in_widths[t]]
         edge_index_dict = {}
-        index = self.layout.names.index
         for rel, key in self.relations:
             on = (etype == rel) & (types[src] == index(key[0])) & (types[dst] == index(key[2]))
             edge_index_dict[key] = torch.stack([pos[src[on]], pos[dst[on]]])
-        out = x.new_zeros(n, self.out_width)
-        for name, y in self.conv(x_dict, edge_index_dict).items():
+        if self.style == "dgl":
+            import dgl
+
+            counts = {self.layout.names[t]: int(r.numel()) for t, r in rows.items()}
+            graph = dgl.heterograph(
+                {k: (e[0], e[1]) for k, e in edge_index_dict.items()},
+                num_nodes_dict=counts,
+                device=x.device,
+            )
+            with zero_in_degree_allowed(self.conv):
+                result = self.conv(graph, x_dict)
+        else:
+            result = self.conv(x_dict, edge_index_dict)
+        out = x.new_zeros((n, *self.out_shape))
+        for name, y in result.items():
             t = index(name)
             if y is not None and t in rows:
                 out[rows[t], : y.shape[1]] = y

@@ -1,0 +1,123 @@
+"""DGL dict models (``forward(graph, x_dict)`` over a heterograph with ``HeteroGraphConv``,
+as DGL's heterogeneous RGCN example) served from a typed store (``from_dgl(heterograph)``)
+equal their own forward per node type, full and partial, batched with the load-time
+self-check, on random heterographs (types without in-edges, same-type relations, nodes
+without in-edges). A relation conv normalizing by source degrees (``GraphConv``
+``norm='both'``) is refused naming it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
+
+import dgl.nn.pytorch as dglnn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from support import assert_exact  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
+from hopserve.worker.trace.tracer import ModelTraceError  # noqa: E402
+
+pytestmark = pytest.mark.dgl
+
+H = 8
+RELATIONS = [
+    ("user", "clicks", "item"),
+    ("item", "clicked-by", "user"),
+    ("item", "similar", "item"),
+    ("item", "in", "category"),
+]
+
+
+WIDTHS = {"user": 5, "item": 7, "category": 3}
+
+
+def _relation_conv(kind: str, rel: tuple, layer: int, norm: str = "right") -> nn.Module:
+    src, dst = (WIDTHS[rel[0]], WIDTHS[rel[2]]) if layer == 1 else (H, H)
+    return {
+        "graph": lambda: dglnn.GraphConv(src, H, norm=norm, allow_zero_in_degree=True),
+        "sage": lambda: dglnn.SAGEConv((src, dst), H, "mean"),
+        "gat": lambda: dglnn.GATConv((src, dst), H // 2, 2, allow_zero_in_degree=True),
+    }[kind]()
+
+
+class HeteroRGCN(nn.Module):
+    """DGL's heterogeneous RGCN example: two ``HeteroGraphConv`` layers, relu between."""
+
+    def __init__(self, kinds: list[str], aggregate: str = "sum", norm: str = "right") -> None:
+        super().__init__()
+        self.conv1, self.conv2 = (
+            dglnn.HeteroGraphConv(
+                {
+                    r[1]: _relation_conv(k, r, i, norm)
+                    for r, k in zip(RELATIONS, kinds, strict=True)
+                },
+                aggregate=aggregate,
+            )
+            for i in (1, 2)
+        )
+
+    def forward(self, graph, inputs):
+        h = self.conv1(graph, inputs)
+        h = {k: F.relu(v.flatten(1)) for k, v in h.items()}
+        h = self.conv2(graph, h)
+        return {k: v.flatten(1) for k, v in h.items()}
+
+
+def _heterograph(seed: int, counts=(30, 40, 5), edges=(90, 90, 60, 40)) -> dgl.DGLGraph:
+    gen = torch.Generator().manual_seed(seed)
+    n = dict(zip(("user", "item", "category"), counts, strict=True))
+    data = {
+        r: (
+            torch.randint(0, n[r[0]], (e,), generator=gen),
+            torch.randint(0, n[r[2]], (e,), generator=gen),
+        )
+        for r, e in zip(RELATIONS, edges, strict=True)
+    }
+    g = dgl.heterograph(data, num_nodes_dict=n)
+    for t in g.ntypes:
+        g.nodes[t].data["feat"] = torch.randn(n[t], WIDTHS[t], generator=gen)
+    return g
+
+
+def _inputs(g) -> dict[str, torch.Tensor]:
+    return {t: g.nodes[t].data["feat"] for t in g.ntypes}
+
+
+@pytest.mark.parametrize(
+    ("kinds", "aggregate"),
+    [
+        (["graph", "sage", "sage", "graph"], "sum"),
+        (["sage", "sage", "graph", "graph"], "mean"),
+        (["gat"] * 4, "max"),  # [N, heads, d] outputs (DGL stacks same-shape outputs only)
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_heterographconv_models_equal_their_forward(kinds, aggregate, seed):
+    g = _heterograph(seed)
+    torch.manual_seed(seed)
+    model = HeteroRGCN(kinds, aggregate)
+    with torch.no_grad():
+        want = model.eval()(g, _inputs(g))
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)
+    assert set(ev.model.output_types) == set(want)
+    offsets = {t.name: t.offset for t in store.node_types}
+    full = ev.evaluate()
+    targets, rows = [], []
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0]], w, f"{kinds} {aggregate} {t}")
+        pick = torch.tensor([w.shape[0] - 1, 0, 2, 2])
+        targets.append(offsets[t] + pick)
+        rows.append(w[pick])
+    got = ev.evaluate(targets=torch.cat(targets))
+    assert_exact(got, torch.cat(rows), f"{kinds} {aggregate} partial")
+
+
+def test_a_relation_conv_normalizing_by_source_degrees_is_refused():
+    g = _heterograph(0)
+    model = HeteroRGCN(["graph"] * 4, norm="both")
+    with pytest.raises(ModelTraceError, match="GraphConv.*norm='both'"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_dgl(g), progress=False)
