@@ -190,6 +190,7 @@ class LayerwiseEvaluator:
             if ids.numel() == 0:
                 raise ValueError("targets is empty")
             storage = self.graph.to_storage(ids)
+            self._check_output_types(ids, storage)
         elif self.graph.num_nodes == 0:
             return self._empty_graph_output()
         elif fanouts is not None:
@@ -202,7 +203,40 @@ class LayerwiseEvaluator:
                 self._context(), plan, storage, stats, t0, show_progress=targets is None
             )
             self.last_stats = stats
+        if targets is None:
+            self._zero_other_types(out)
         return out
+
+    @property
+    def output_types(self) -> tuple[str, ...]:
+        """Node types whose rows are the model's output (a dict model returning some types;
+        empty: every node)."""
+        return tuple(getattr(self.model, "output_types", ()))
+
+    def _check_output_types(self, ids: Tensor, storage: Tensor) -> None:
+        """Refuse targets of types the model does not output (naming the first IDs)."""
+        types = self.graph.node_types
+        if not self.output_types or not types:
+            return
+        layout = self.model.layout
+        kinds = layout.types_of(torch.as_tensor(storage), len(storage), torch.device("cpu"))
+        wanted = torch.tensor([layout.index(t) for t in self.output_types])
+        bad = ~torch.isin(kinds, wanted)
+        if bool(bad.any()):
+            raise ValueError(
+                f"the model outputs embeddings of node types {', '.join(self.output_types)} "
+                f"only; {int(bad.sum())} target(s) are of other types (IDs "
+                f"{ids[bad][:10].tolist()})"
+            )
+
+    def _zero_other_types(self, out: Tensor) -> None:
+        """All rows (ascending ID): rows of types the model does not output are zero, not
+        the intermediate values the homogeneous form leaves there."""
+        if not self.output_types or not self.graph.node_types:
+            return
+        for t in self.graph.node_types:
+            if t.name not in self.output_types:
+                out[t.offset : t.offset + t.count] = 0
 
     def _empty_graph_output(self) -> Tensor:
         """All rows of a graph without nodes: the model's own forward on it (no layer has a
@@ -240,6 +274,8 @@ class LayerwiseEvaluator:
             ctx.reuse = reuse
             out = evaluate_plan(ctx, plan, storage_targets, stats, time.perf_counter())
             self.last_stats = stats
+        if storage_targets is None:
+            self._zero_other_types(out)
         return out
 
     def plan(

@@ -145,6 +145,12 @@ def check_dict_model(model: nn.Module, data: HeteroData, what: str, seed: int = 
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
     offsets = {t.name: t.offset for t in store.node_types}
     full = ev.evaluate()
+    assert set(ev.output_types) == set(want)
+    for t in store.node_types:  # rows of types the model does not output are zero
+        if t.name not in want and t.count:
+            assert not full[t.offset : t.offset + t.count].any(), t.name
+            with pytest.raises(ValueError, match=f"other types \\(IDs \\[{t.offset}\\]"):
+                ev.evaluate(targets=[t.offset])
     gen = torch.Generator().manual_seed(seed)
     targets, rows = [], []
     for t, rows_t in want.items():
