@@ -447,12 +447,7 @@ class _Builder:
                 f"{where} uses aggr={conv.aggr!r}; per-node outputs need sum, mean, min, "
                 "max, mul or cat"
             )
-        inputs: dict[int, fx.Node] = {}
-        for name, value in x_arg.items():
-            v = self.values[value]
-            if v.kind != "tensor" or v.type_index != self.layout.index(name):
-                raise _error(f"{where}: x_dict[{name!r}] is not node type {name!r}'s value")
-            inputs[v.type_index] = value
+        inputs = self._typed_inputs(x_arg, where)
         calls = []
         for key in conv.convs.keys():  # noqa: SIM118 - (src, name, dst) keys
             rel = self.layout.relation_id(key)
@@ -577,12 +572,7 @@ class _Builder:
         if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], dict):
             raise _error(f"{where} must be called as conv(x_dict, edge_index_dict)")
         x_arg, edges_arg = node.args
-        inputs: dict[int, fx.Node] = {}
-        for key, value in x_arg.items():
-            v = self.values.get(value) if isinstance(value, fx.Node) else None
-            if v is None or v.kind != "tensor" or v.type_index != self.layout.index(key):
-                raise _error(f"{where}: x_dict[{key!r}] is not node type {key!r}'s value")
-            inputs[v.type_index] = value
+        inputs = self._typed_inputs(x_arg, where)
         relations = []
         for key, value in edges_arg.items():
             v = self.values.get(value) if isinstance(value, fx.Node) else None
