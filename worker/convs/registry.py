@@ -215,8 +215,11 @@ def _internal_adapter(module: nn.Module) -> AdapterFactory | None:
 
     if isinstance(module, (HeteroLayer, DictConvLayer)):
         from hopserve.worker.convs.hetero import DictConvAdapter, HeteroLayerAdapter
+        from hopserve.worker.convs.hgt import HGTAdapter, is_plain_hgt
 
-        return HeteroLayerAdapter if isinstance(module, HeteroLayer) else DictConvAdapter
+        if isinstance(module, HeteroLayer):
+            return HeteroLayerAdapter
+        return HGTAdapter if is_plain_hgt(module) else DictConvAdapter
     return None
 
 

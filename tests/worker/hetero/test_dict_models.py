@@ -20,6 +20,7 @@ from torch_geometric import nn as pyg
 from torch_geometric.data import HeteroData
 
 from hopserve import GraphStore, LayerwiseEvaluator
+from hopserve.worker.convs.hgt import HGTAdapter
 from hopserve.worker.trace.tracer import ModelTraceError
 
 H = 8
@@ -75,12 +76,13 @@ class ProjectedHetero(nn.Module):
 
 class HGT(nn.Module):
     """Per-type input projections, two ``HGTConv`` layers (typed attention over every
-    in-relation of a node), every type's embeddings out."""
+    in-relation of a node), every type's embeddings out. The first layer keeps the width
+    (its skip gate mixes in the input), the second widens (no skip) unless ``out`` is H."""
 
-    def __init__(self, metadata) -> None:
+    def __init__(self, metadata, out: int = H, conv: type = pyg.HGTConv) -> None:
         super().__init__()
         self.proj = nn.ModuleDict({t: pyg.Linear(-1, H) for t in metadata[0]})
-        self.convs = nn.ModuleList(pyg.HGTConv(H, H, metadata, heads=2) for _ in range(2))
+        self.convs = nn.ModuleList([conv(H, H, metadata, heads=2), conv(H, out, metadata, heads=2)])
 
     def forward(self, x_dict, edge_index_dict):
         x_dict = {t: self.proj[t](x).relu() for t, x in x_dict.items()}
@@ -235,12 +237,39 @@ def test_heteroconv_equals_its_forward_on_random_typed_graphs(data, aggr):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=typed_graphs())
-def test_hgt_equals_its_forward_on_random_typed_graphs(data):
+@given(data=typed_graphs(), out=st.sampled_from([H, 2 * H]))
+def test_hgt_equals_its_forward_on_random_typed_graphs(data, out):
     md = data.metadata()
     assume({et[2] for et in md[1]} == set(md[0]))  # a second HGT layer reads every type
     torch.manual_seed(0)
-    check_dict_model(HGT(md), data, "HGT")
+    check_dict_model(HGT(md, out), data, f"HGT out={out}")
+
+
+class OwnHGTConv(pyg.HGTConv):
+    """A user's ``HGTConv`` with its own ``forward`` (here: the parent's, doubled)."""
+
+    def forward(self, x_dict, edge_index_dict):
+        out = super().forward(x_dict, edge_index_dict)
+        return {t: None if v is None else 2 * v for t, v in out.items()}
+
+
+def test_hgt_runs_on_the_destination_side_adapter():
+    """``HGTConv`` projects a batch's destinations only (:class:`HGTAdapter`), on gathered
+    batches (partial) and on the stored table read in place (the second layer, full)."""
+    data = _fake(0)
+    model = HGT(data.metadata(), 2 * H)
+    check_dict_model(model, data, "HGT")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    assert {type(a) for a in ev.split.adapters.values()} == {HGTAdapter}
+    assert all(a.supports_global_src for a in ev.split.adapters.values())
+
+
+def test_an_hgtconv_subclass_with_its_own_forward_is_refused_naming_it():
+    data = _fake(0)
+    model = HGT(data.metadata(), H, OwnHGTConv)
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match="OwnHGTConv.*takes per-type dicts"):
+        LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
 
 
 @settings(
