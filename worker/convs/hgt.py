@@ -1,31 +1,27 @@
-r"""PyG ``HGTConv`` on a batch with no per-source projection: the projections run on the
-destination side.
+r"""PyG ``HGTConv`` on a batch: keys and values projected once per source row, the
+per-relation maps moved to the destination side.
 
 For an edge :math:`j \to i` of relation :math:`r = (s, \cdot, t)`, head :math:`h`
-(:math:`D = F / H`), ``HGTConv`` computes, with ``kqv_lin``'s per-type maps
-:math:`k_j = K_s x_j + c_s`, :math:`v_j = V_s x_j + e_s`, :math:`q_i = Q_t x_i + f_t`
-(head :math:`h`'s rows of each):
+(:math:`D = F / H`), with ``kqv_lin``'s per-type maps :math:`k_j, v_j` (of :math:`x_j`,
+type :math:`s`) and :math:`q_i` (type :math:`t`), ``HGTConv`` computes
 
 .. math::
     \sigma_{ij} = \frac{(q_i \cdot k_j W^k_{h,r})\, p_{r,h}}{\sqrt D}, \quad
     \alpha_{ij} = \operatorname{softmax}_{j \in N_{in}(i)} \sigma_{ij}, \quad
     m_i = \sum_j \alpha_{ij}\, v_j W^v_{h,r}
 
-(the softmax runs over all of ``i``'s in-edges, across relations). Both are linear in
-:math:`x_j`, so with :math:`\tilde q_{ir} = W^k_{h,r} q_i`:
+(the softmax over all of ``i``'s in-edges, across relations). The relation maps are
+linear, so they move to the destinations:
+:math:`\sigma_{ij} = (\tilde q_{ir} \cdot k_j)\, p_{r,h} / \sqrt D` with
+:math:`\tilde q_{ir} = W^k_{h,r} q_i`, and
+:math:`m_i = \sum_r \big(\sum_{j \in N_r(i)} \alpha_{ij} v_j\big) W^v_{h,r}`. The same
+function, summed in another order.
 
-.. math::
-    \sigma_{ij} = \frac{(u_{ir} \cdot x_j + \beta_{ir})\, p_{r,h}}{\sqrt D}, \quad
-    u_{ir} = K_s^\top \tilde q_{ir}, \quad \beta_{ir} = c_s \cdot \tilde q_{ir}, \qquad
-    m_i = \sum_r \big(V_s A_{ir} + e_s S_{ir}\big) W^v_{h,r}, \quad
-    A_{ir} = \sum_{j \in N_r(i)} \alpha_{ij} x_j, \quad S_{ir} = \sum_{j \in N_r(i)} \alpha_{ij}
-
-The same function, summed in another order. A batch projects its destinations only
-(:math:`u`, :math:`\beta` and the final maps), and reads each source row once per in-edge;
-the generic path (:class:`~.hetero.DictConvAdapter`, the conv on the batch's typed
-subgraph) projects every source of every batch, about seven times per node and layer on
-a power-law graph. Nothing is derived from the whole table, so every layer reads the
-stored table in place. Then, as ``HGTConv`` does,
+So a source row is projected once (:math:`k_j, v_j`) and never per relation: on a full
+layer once per layer for the whole stored table (read in place, the table kept while the
+layer runs), on a gathered batch once per batch source. The generic path
+(:class:`~.hetero.DictConvAdapter`, the conv on the batch's typed subgraph) projects every
+source of every batch through every relation map. Then, as ``HGTConv`` does,
 :math:`\mathrm{out}_i = \mathrm{out\_lin}_t(\mathrm{gelu}(m_i))`, mixed with :math:`x_i`
 by the type's learned skip gate when the widths agree.
 """
@@ -39,6 +35,7 @@ from torch import Tensor, nn
 
 from hopserve.worker.convs.base import LayerBatch
 from hopserve.worker.convs.hetero import DictConvAdapter
+from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
 from hopserve.worker.hetero.modules import DictConvLayer
 
 __all__ = ["HGTAdapter", "is_plain_hgt"]
@@ -64,14 +61,22 @@ def is_plain_hgt(layer: DictConvLayer) -> bool:
 class HGTAdapter(DictConvAdapter):
     """Runs a :class:`DictConvLayer` over PyG ``HGTConv`` on a batch (see the module doc)."""
 
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__(conv)
+        self._tables = LayerTableCache()  # [k | v] of a full layer's stored table
+
     def edge_bytes(self, src_row_bytes: int) -> int:
-        """Per in-edge: the gathered source row, one head's gathered ``u`` row, their
-        product and the weighted row (four input-wide rows); the scores are ``O(H)``."""
-        return 4 * src_row_bytes
+        """Per in-edge: gathered keys, queries, their product, values and the weighted
+        values (five ``F``-wide rows); the scores are ``O(H)``."""
+        return 5 * max(src_row_bytes, 4 * int(self.conv.conv.out_channels))
 
     @property
     def supports_global_src(self) -> bool:
-        return True  # reads source rows by index, derives nothing from the whole table
+        return True
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        return True  # the key/value table is derived from the whole stored table
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
@@ -79,10 +84,15 @@ class HGTAdapter(DictConvAdapter):
         layout = layer.layout
         device = x.device
         num_dst = batch.num_dst
-        x_dst = batch.dst_rows(x)
         src, dst = batch.src_index, batch.dst_index
-        src_ids = src if batch.global_src_size is not None else batch.src_nodes[src]
-        src_types = layout.types_of(src_ids, 0, device)
+        if full_layer(batch):
+            key = (batch.layer, *((id(p), p._version) for p in conv.kqv_lin.parameters()))
+            kv = self._tables.get(x, key, batch, lambda: self._keys_values(x, None))
+            src_types = layout.types_of(src, 0, device)
+        else:
+            kv = self._keys_values(x, batch.src_nodes)
+            src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
+        x_dst = batch.dst_rows(x)
         dst_types = layout.types_of(batch.dst_nodes, num_dst, device)
         edge_type = self.edge_values(batch)["edge_type"]
         out = x.new_zeros((num_dst, *layer.out_shape))
@@ -100,12 +110,13 @@ class HGTAdapter(DictConvAdapter):
             for rel, key in layer.relations:
                 if index(key[2]) != t:
                     continue
-                s = index(key[0])
                 # A typed store's relation-r edges all run s -> t; the load-time probe
                 # graph's need not, and HGTConv's forward ignores the others.
-                on = ((edge_type == rel) & (at_t >= 0) & (src_types == s)).nonzero().squeeze(1)
+                s_type = index(key[0])
+                on = ((edge_type == rel) & (at_t >= 0) & (src_types == s_type)).nonzero()
+                on = on.squeeze(1)
                 relations.append((key, src.index_select(0, on), at_t.index_select(0, on)))
-            m = self._messages(conv, x, x_t, layout.names[t], relations)
+            m = self._messages(conv, kv, x_t, layout.names[t], relations)
             y = conv.out_lin.lins[layout.names[t]](nn.functional.gelu(m))
             if y.shape[-1] == x_t.shape[-1]:
                 gate = conv.skip[layout.names[t]].sigmoid()
@@ -113,16 +124,38 @@ class HGTAdapter(DictConvAdapter):
             out[dst_sel, : y.shape[1]] = y
         return out
 
+    def _keys_values(self, x: Tensor, node_ids: Tensor | None) -> Tensor:
+        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``, or the
+        whole table in storage order), each by its type's ``kqv_lin``; rows of types the
+        conv has no map for are zero."""
+        layer: DictConvLayer = self.conv
+        conv = layer.conv
+        f = conv.out_channels
+        types = layer.layout.types_of(node_ids, x.shape[0], x.device)
+        kv = x.new_zeros(x.shape[0], 2 * f)
+        for t, name in enumerate(layer.layout.names):
+            if name not in conv.kqv_lin.lins or t not in layer.in_widths:
+                continue
+            rows = (types == t).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            lin = conv.kqv_lin.lins[name]
+            weight = torch.cat([lin.weight[:f], lin.weight[2 * f :]])
+            bias = None if lin.bias is None else torch.cat([lin.bias[:f], lin.bias[2 * f :]])
+            x_s = x.index_select(0, rows)[:, : layer.in_widths[t]]
+            kv.index_copy_(0, rows, nn.functional.linear(x_s, weight, bias))
+        return kv
+
     @staticmethod
     def _messages(
         conv: nn.Module,
-        x: Tensor,
+        kv: Tensor,
         x_t: Tensor,
         t_name: str,
         relations: list[tuple[tuple[str, str, str], Tensor, Tensor]],
     ) -> Tensor:
         r""":math:`m_i` (``[n_t, F]``) for the destinations ``x_t`` of type ``t_name``, from
-        each relation's ``(key, source rows in x, destination positions in x_t)``."""
+        each relation's ``(key, source rows of kv, destination positions in x_t)``."""
         from torch_geometric.utils import softmax
 
         heads, f = conv.heads, conv.out_channels
@@ -136,35 +169,20 @@ class HGTAdapter(DictConvAdapter):
         num_rel = len(conv.edge_types)
         k_rel = conv.k_rel.weight.view(heads, num_rel, dim, dim)  # HeteroLinear type h*R + e
         v_rel = conv.v_rel.weight.view(heads, num_rel, dim, dim)
-        scores, parts = [], []
+        scale = math.sqrt(dim)
+        scores = []
         for key, src, dst in relations:
-            lin_s = conv.kqv_lin.lins[key[0]]
-            width = int(lin_s.weight.shape[1])
-            e = conv.edge_types_map[key]
-            q_rel = torch.einsum("nhd,hcd->nhc", q, k_rel[:, e])  # W^k q_i, per head
-            u = torch.einsum("nhc,hci->nhi", q_rel, lin_s.weight[:f].view(heads, dim, width))
-            x_j = x.index_select(0, src)[:, :width]
-            score = torch.stack(
-                [(u[:, h].index_select(0, dst) * x_j).sum(-1) for h in range(heads)], 1
-            )
-            if lin_s.bias is not None:
-                beta = torch.einsum("nhc,hc->nh", q_rel, lin_s.bias[:f].view(heads, dim))
-                score = score + beta.index_select(0, dst)
-            scores.append(score * conv.p_rel["__".join(key)] / math.sqrt(dim))
-            parts.append((lin_s, e, width, x_j, dst))
-        alpha = softmax(torch.cat(scores), torch.cat([p[4] for p in parts]), num_nodes=n_t)
-        out = [x_t.new_zeros(n_t, dim) for _ in range(heads)]
+            q_rel = torch.einsum("nhd,hcd->nhc", q, k_rel[:, conv.edge_types_map[key]])
+            k_j = kv[:, :f].index_select(0, src).view(-1, heads, dim)
+            score = (q_rel.index_select(0, dst) * k_j).sum(-1)
+            scores.append(score * conv.p_rel["__".join(key)] / scale)
+        alpha = softmax(torch.cat(scores), torch.cat([r[2] for r in relations]), num_nodes=n_t)
+        out = x_t.new_zeros(n_t, heads, dim)
         start = 0
-        for lin_s, e, width, x_j, dst in parts:
+        for key, src, dst in relations:
             a = alpha[start : start + dst.numel()]
             start += dst.numel()
-            v_w = lin_s.weight[2 * f :].view(heads, dim, width)
-            v_b = None if lin_s.bias is None else lin_s.bias[2 * f :].view(heads, dim)
-            for h in range(heads):
-                agg = x_t.new_zeros(n_t, width).index_add_(0, dst, a[:, h : h + 1] * x_j)
-                v = agg @ v_w[h].T
-                if v_b is not None:
-                    mass = x_t.new_zeros(n_t).index_add_(0, dst, a[:, h])
-                    v = v + mass[:, None] * v_b[h]
-                out[h] = out[h] + v @ v_rel[h, e]
-        return torch.cat(out, 1)
+            v_j = kv[:, f:].index_select(0, src).view(-1, heads, dim)
+            agg = x_t.new_zeros(n_t, heads, dim).index_add_(0, dst, v_j * a.unsqueeze(-1))
+            out += torch.einsum("nhc,hcd->nhd", agg, v_rel[:, conv.edge_types_map[key]])
+        return out.view(n_t, f)

@@ -254,8 +254,9 @@ class OwnHGTConv(pyg.HGTConv):
 
 
 def test_hgt_runs_on_the_destination_side_adapter():
-    """``HGTConv`` projects a batch's destinations only (:class:`HGTAdapter`), on gathered
-    batches (partial) and on the stored table read in place (the second layer, full)."""
+    """``HGTConv`` runs on :class:`HGTAdapter` (keys and values once per source row, the
+    relation maps on the destination side), on gathered batches (partial) and on the
+    stored table read in place (the second layer, full)."""
     data = _fake(0)
     model = HGT(data.metadata(), 2 * H)
     check_dict_model(model, data, "HGT")
