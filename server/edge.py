@@ -43,6 +43,7 @@ from hopserve.server.dispatch import Dispatcher
 from hopserve.server.errors import (
     InvalidRequestError,
     ShuttingDownError,
+    format_bad_ids,
     format_ids,
     outcome_label,
     quote,
@@ -601,12 +602,10 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
         )
     bad = (ids < 0) | (ids >= t.count)
     if bad.any():
-        first = ids[bad]
-        _, where = np.unique(first, return_index=True)
         raise InvalidRequestError(
             f"model {model.name!r}: {int(bad.sum())} of {len(ids)} requested "
             f"{quote(node_type)} node IDs are not in the graph (its {t.count} IDs are "
-            f"0..{t.count - 1}): {format_ids(first[np.sort(where)])}"
+            f"0..{t.count - 1}): {format_bad_ids(ids, bad)}"
         )
     return ids + t.offset
 
@@ -624,12 +623,10 @@ def _check_output_types(model: ServedModel, ids: np.ndarray) -> None:
     inside = (ids >= 0) & (ids < model.topology.num_nodes)
     bad = inside & ~ok[np.clip(kind, 0, len(types) - 1)]
     if bad.any():
-        first = ids[bad]
-        _, where = np.unique(first, return_index=True)
         raise InvalidRequestError(
             f"model {model.name!r} outputs embeddings of node types "
             f"{', '.join(model.output_types)} only; {int(bad.sum())} of {len(ids)} requested "
-            f"node IDs are of other types: {format_ids(first[np.sort(where)])}"
+            f"node IDs are of other types: {format_bad_ids(ids, bad)}"
         )
 
 
@@ -640,12 +637,9 @@ def _to_storage(model: ServedModel, ids: np.ndarray) -> np.ndarray:
         return model.to_storage(ids)
     except UnknownNodeError as err:
         bad = np.isin(ids, err.unknown)
-        first = ids[bad]
-        _, where = np.unique(first, return_index=True)
         raise InvalidRequestError(
             f"model {model.name!r}: {int(bad.sum())} of {len(ids)} requested node IDs are not "
-            f"in the graph ({len(err.unknown)} distinct): "
-            f"{format_ids(first[np.sort(where)], total=len(err.unknown))}"
+            f"in the graph ({len(err.unknown)} distinct): {format_bad_ids(ids, bad)}"
         ) from None
 
 

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Iterable
 
 import grpc
+import numpy as np
 
 from hopserve.logs import rate_limited
 from hopserve.proto import contract
@@ -57,6 +58,7 @@ __all__ = [
     "ServiceError",
     "ShuttingDownError",
     "bound_message",
+    "format_bad_ids",
     "format_ids",
     "outcome_label",
     "quote",
@@ -134,6 +136,14 @@ def format_ids(ids: Iterable[int], total: int | None = None) -> str:
     if total > len(listed):
         text += f", ... ({total - len(listed)} more)"
     return text
+
+
+def format_bad_ids(ids: np.ndarray, bad: np.ndarray) -> str:
+    """The distinct IDs of ``ids`` where ``bad`` holds, in request order (first
+    occurrence), as :func:`format_ids` lists them."""
+    picked = ids[bad]
+    _, first = np.unique(picked, return_index=True)
+    return format_ids(picked[np.sort(first)])
 
 
 def to_status(exc: BaseException, *, where: str = "") -> tuple[grpc.StatusCode, str]:
