@@ -37,6 +37,8 @@ from support import assert_exact, random_edge_index
 D_IN, HIDDEN, D_OUT = 6, 8, 4
 D_EDGE = 3  # edge feature width of the audit graph
 RELATIONS = 3  # relations of the audit graph's typed edges (edge_type)
+NODE_TYPES = 2  # node types of the audit graph when a conv takes node type ids
+NODE_TYPED = "node types"  # Case.edge of a conv taking node type and relation ids
 NUM_NODES, NUM_EDGES = 24, 60
 TARGETS = (NUM_NODES - 1, 0, 5, 5, 11)  # the isolated last node and a duplicate
 BATCH_NODES = 4
@@ -59,7 +61,10 @@ class Case:
             weights; ``"edge_type"`` / ``"etypes"``: its relation ids, ``RELATIONS``
             relations; any other name, e.g. ``"edge_attr"``: its ``[E, edge_dim]`` edge
             features), passed by a model whose ``forward`` takes ``edge_weight`` /
-            ``edge_type`` / ``edge_attr`` (DGL: ``efeat``); ``""``: none.
+            ``edge_type`` / ``edge_attr`` (DGL: ``efeat``); :data:`NODE_TYPED`: node
+            type ids and relation ids on a typed audit graph of ``NODE_TYPES`` types
+            (DGL ``forward(g, x, ntype, etype)``; PyG ``forward(x, edge_index,
+            node_type, edge_type, edge_attr)``, with edge features); ``""``: none.
     """
 
     build: Builder
@@ -246,12 +251,14 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "HEATConv": (
         Case(
             _c(
-                num_node_types=2,
-                num_edge_types=2,
+                num_node_types=NODE_TYPES,
+                num_edge_types=RELATIONS,
                 edge_type_emb_dim=2,
                 edge_dim=2,
                 edge_attr_emb_dim=2,
-            )
+            ),
+            edge=NODE_TYPED,
+            edge_dim=2,
         ),
     ),
     "HeteroConv": (Case(lambda cls, i, o: cls({("a", "to", "a"): _pyg("SAGEConv")(i, o)})),),
@@ -349,7 +356,12 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     "GroupRevRes": (
         Case(lambda cls, i, o: cls(_dgl("GraphConv")(i // 2, i // 2), groups=2), same_width=True),
     ),
-    "HGTConv": (Case(lambda cls, i, o: cls(i, _heads(o), 2, num_ntypes=1, num_etypes=1)),),
+    "HGTConv": (
+        Case(
+            lambda cls, i, o: cls(i, _heads(o), 2, num_ntypes=NODE_TYPES, num_etypes=RELATIONS),
+            edge=NODE_TYPED,
+        ),
+    ),
     "NNConv": (Case(lambda cls, i, o: cls(i, o, nn.Linear(3, i * o)), edge="efeat"),),
     "PNAConv": (
         Case(_dgl_pna(False)),
@@ -470,6 +482,32 @@ class DGLTypedTwoConvs(nn.Module):
         return self.conv2(g, h, **{self.param: etype}).flatten(1)
 
 
+class DGLNodeTypedTwoConvs(nn.Module):
+    """``conv2(g, relu(conv1(g, inp(x), nt, et)), nt, et)`` over node type and relation
+    ids, DGL style (DGL's HGT example)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, g, x, ntype, etype):
+        h = self.conv1(g, self.inp(x), ntype, etype).flatten(1).relu()
+        return self.conv2(g, h, ntype, etype).flatten(1)
+
+
+class PyGNodeTypedTwoConvs(nn.Module):
+    """``conv2(relu(conv1(inp(x), …)), …)`` over node type ids, relation ids and edge
+    features, PyG style (``HEATConv``)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, x, edge_index, node_type, edge_type, edge_attr):
+        h = self.conv1(self.inp(x), edge_index, node_type, edge_type, edge_attr).relu()
+        return self.conv2(h, edge_index, node_type, edge_type, edge_attr)
+
+
 class PyGHistory(nn.Module):
     """Convs reading the stack of earlier representations ``[N, L, C]`` (DNAConv's use)."""
 
@@ -535,6 +573,9 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
     else:
         inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
+    if case.edge == NODE_TYPED:
+        typed = DGLNodeTypedTwoConvs if library == "dgl" else PyGNodeTypedTwoConvs
+        return typed(conv1, conv2, inp).eval()
     if case.edge in TYPE_PARAMS:
         typed = DGLTypedTwoConvs if library == "dgl" else PyGTypedTwoConvs
         return typed(conv1, conv2, inp, case.edge).eval()
@@ -617,10 +658,22 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     edge_index, x = audit_graph(library)
     weight, edge_feats = audit_edge_data(edge_index.shape[1], case.edge_dim)
     edge = {}
-    if case.edge in TYPE_PARAMS:
+    inputs: tuple = ()  # the model's graph data arguments, in its forward's order
+    if case.edge == NODE_TYPED:  # a typed graph: node type runs, relation ids
+        from hopserve.worker.trace.probe import probe_node_types, typed_probe_columns
+
+        ntype = probe_node_types(NUM_NODES, NODE_TYPES)
+        etype = audit_edge_types(edge_index.shape[1])
+        edge = typed_probe_columns(ntype, etype, edge_index.shape[1], D_IN)
+        inputs = (ntype, etype)
+        if library == "pyg":  # HEATConv: edge features too
+            edge["edge_attr"] = edge_feats
+            inputs = (ntype, etype, edge_feats)
+    elif case.edge in TYPE_PARAMS:
         edge = {"edge_type": audit_edge_types(edge_index.shape[1])}
     elif case.edge:  # the model's edge data argument, and the store's column
         edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
+    inputs = inputs or tuple(edge.values())
     store = GraphStore.from_edge_index(edge_index, x, **edge)
     try:
         ev = make_evaluator(
@@ -645,9 +698,9 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     try:
         with torch.no_grad():
             want = (
-                model(_full_graph(library, edge_index), x, *edge.values())
+                model(_full_graph(library, edge_index), x, *inputs)
                 if library == "dgl"
-                else model(x, edge_index, *edge.values())
+                else model(x, edge_index, *inputs)
             )
         targets = torch.tensor(TARGETS)
         assert_exact(ev.evaluate(), want, f"{label} full")

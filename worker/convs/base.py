@@ -167,6 +167,10 @@ class EdgeInput:
     column: str  # ``"weight"`` (``GraphStore.edge_weight``), ``"features"`` or ``"type"``
 
 
+NODE_COLUMNS = frozenset({"node_type"})
+"""Graph data columns with a row per node (a typed store's node type ids), not per edge:
+a conv gets its batch's source rows' values."""
+
 DEVICE_COLUMN_MAX_BYTES = 1 << 30
 """Edge columns up to this size are copied to an accelerator once per graph."""
 
@@ -176,9 +180,9 @@ def _nbytes(t: Tensor) -> int:
 
 
 def served_edge_values(column: str, values: Tensor) -> Tensor:
-    """A column's rows as a conv takes them: relation ids (int16 in the store) as int64,
-    which every typed-edge conv indexes its per-relation weights with."""
-    return values.long() if column == "type" else values
+    """A column's rows as a conv takes them: relation ids (int16 in the store) and node
+    type ids as int64, which typed convs index their per-type weights with."""
+    return values.long() if column in ("type", "node_type") else values
 
 
 class ConvAdapter(nn.Module):
@@ -207,6 +211,7 @@ class ConvAdapter(nn.Module):
         self.model_name = "model"
         self.edge_feature_dim: int | None = None  # width the conv expects (features)
         self.num_relations: int | None = None  # relations the typed-edge convs have weights for
+        self.num_node_types: int | None = None  # node types the convs taking type ids know
         self._edge_key: object | None = None
         self._edge_columns: dict[str, Tensor] = {}
         self._edge_on_device: dict[tuple[str, str], Tensor] = {}
@@ -257,6 +262,16 @@ class ConvAdapter(nn.Module):
                 f"{self.model_name}'s conv ({type(self.conv).__name__}) expects {want} "
                 "(check the model's edge_dim, or the graph the config names)"
             )
+        node_types = getattr(graph, "node_types", None) or []
+        want = self.num_node_types
+        if "node_type" in columns and want is not None and len(node_types) > want:
+            names = [t.name for t in node_types]
+            raise ModelTraceError(
+                f"the graph has {len(names)} node types ({', '.join(names[:8])}"
+                f"{', ...' if len(names) > 8 else ''}), but {self.model_name}'s conv "
+                f"({type(self.conv).__name__}) has weights for {want} (check the model's "
+                "number of node types, or the graph the config names)"
+            )
         relations = getattr(graph, "relations", None) or []
         want = self.num_relations
         if "type" in columns and want is not None and len(relations) > want:
@@ -272,16 +287,27 @@ class ConvAdapter(nn.Module):
             self._edge_key = key
 
     def edge_values(self, batch: LayerBatch) -> dict[str, Tensor]:
-        """``{conv parameter: rows of the batch's edges}`` (on the batch's device).
+        """``{conv parameter: rows of the batch's edges}`` (on the batch's device); a node
+        column (node type ids) gives the rows of the batch's source nodes.
 
         On an accelerator the column is copied there once per graph when it is small
         (at most :data:`DEVICE_COLUMN_MAX_BYTES`); a larger one stays on the host and
         each batch's rows are gathered there and copied over.
         """
         out = {}
-        ids = batch.edge_ids
         for inp in self.edge_inputs:
             host = self._edge_columns[inp.column]
+            # Node columns: the batch's source rows (destinations first), or every node
+            # when the source rows are the whole stored table.
+            if inp.column in NODE_COLUMNS:
+                ids = batch.src_nodes if batch.global_src_size is None else None
+            else:
+                ids = batch.edge_ids
+            if ids is None:
+                out[inp.param] = served_edge_values(
+                    inp.column, self._edge_column(inp.column, batch.src_index.device)
+                )
+                continue
             if ids.device.type != "cpu" and _nbytes(host) > DEVICE_COLUMN_MAX_BYTES:
                 rows = host[ids.cpu()].to(ids.device, non_blocking=True)
             else:

@@ -55,6 +55,9 @@ from torch import Tensor, nn
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
 
+# Input-wide rows per edge of convs that keep several per-edge tensors (HGT: gathered
+# keys, queries and values, and the relation-mapped keys and messages); default one.
+_EDGE_ROWS = {"HGTConv": 6}
 # Convs whose update reads per-edge messages only through DGL's fused SpMM kernels.
 _FUSED = {"GraphConv", "GINConv"}
 _FUSED_SAGE = {"mean", "gcn", "pool"}
@@ -279,6 +282,7 @@ class DGLConvAdapter(ConvAdapter):
             "SAGEConv" in names and getattr(conv, "_aggre_type", None) in _FUSED_SAGE
         )
         self._edge_scores = int(getattr(conv, "_num_heads", 1)) if names & _EDGE_SCORES else 0
+        self._edge_rows = max((_EDGE_ROWS.get(n, 1) for n in names), default=1)
         # SAGEConv mean/gcn that DGL runs projection-first (in > out): on full layers
         # fc_neigh of the whole table is computed once per layer (see the module doc).
         self._project_first = (
@@ -305,7 +309,7 @@ class DGLConvAdapter(ConvAdapter):
             return 16
         if self._edge_scores:  # logits, leaky-relu'd logits, softmax: [E, heads] each
             return 16 + 12 * self._edge_scores
-        return src_row_bytes
+        return self._edge_rows * src_row_bytes
 
     def features(self, x: Tensor, batch: LayerBatch) -> Tensor | tuple[Tensor, Tensor]:
         """The conv's feature argument: ``x_src`` or ``(x_src, x_dst)``."""

@@ -19,10 +19,6 @@ HETERO = (
     "x_dict)) on a typed store, on each batch's typed subgraph (docs/heterogeneous.md); "
     "not inside a homogeneous model"
 )
-HGT = (
-    "takes per-node type ids (ntype) as a second per-node input, which convs do not get "
-    "yet (PyG's HGTConv in a dict model is served on typed stores)"
-)
 CUGRAPH = (
     "runs on cugraph-ops' CUDA kernels (pylibcugraphops); serve the equivalent dgl.nn conv "
     "({base}) instead"
@@ -76,6 +72,12 @@ def _pna(conv: nn.Module) -> ConvAdapter:
 # name -> (status, adapter factory, note); a class missing from the installed DGL is skipped.
 ROWS: dict[str, tuple[str, object, str]] = {
     # -- exact: the conv's own forward on the batch's block
+    "HGTConv": (
+        "exact",
+        _block,
+        "typed attention over all in-edges (forward(g, x, ntype, etype)): node type ids "
+        "from a typed store's node types, relation ids from its edge types",
+    ),
     "SAGEConv": (
         "exact",
         _block,
@@ -174,7 +176,6 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "DenseGraphConv": ("refused", None, DENSE),
     "DenseSAGEConv": ("refused", None, DENSE),
     "HeteroGraphConv": ("refused", None, HETERO),
-    "HGTConv": ("refused", None, HGT),
     # -- refused: another library's kernel
     "CuGraphGATConv": ("refused", None, CUGRAPH.format(base="GATConv")),
     "CuGraphSAGEConv": ("refused", None, CUGRAPH.format(base="SAGEConv")),
@@ -185,5 +186,5 @@ ROWS: dict[str, tuple[str, object, str]] = {
     ),
 }
 
-EARLY = ("HeteroGraphConv", "HGTConv")
+EARLY = ("HeteroGraphConv",)
 """Refused before tracing: they take per-type feature dicts, so tracing would fail first."""

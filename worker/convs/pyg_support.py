@@ -243,9 +243,22 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "per-edge relation weights (summed per relation first, as RGCNConv)" + EDGE_TYPES,
     ),
     "RGATConv": ("exact", _square, "relational attention per destination" + EDGE_TYPES),
+    "HEATConv": (
+        "exact",
+        _square,
+        "typed attention over all in-edges: node type ids from a typed store's node "
+        "types, relation ids from its edge_type column, edge features from its edge columns",
+    ),
     "SignedConv": ("refused", None, "needs two edge sets (positive and negative edges)"),
     # -- dict convs: served in dict models on typed stores (worker/hetero), not here
-    "HGTConv": ("refused", None, DICT_MODEL.format(how="on each batch's typed subgraph")),
+    "HGTConv": (
+        "refused",
+        None,
+        DICT_MODEL.format(
+            how="keys and values projected once per source row, the relation maps on the "
+            "destination side"
+        ),
+    ),
     "HANConv": (
         "refused",
         None,
@@ -257,7 +270,6 @@ ROWS: dict[str, tuple[str, object, str]] = {
         None,
         DICT_MODEL.format(how="each relation conv on its relation's in-edges"),
     ),
-    "HEATConv": ("refused", None, "needs node types, edge types and edge features"),
     # -- refused: not a fixed in-neighbourhood
     "GravNetConv": ("refused", None, KNN),
     "DynamicEdgeConv": ("refused", None, KNN),

@@ -247,7 +247,8 @@ class LayerwiseEvaluator:
         edge = {}
         for arg, column in self.split.edge_args.items():
             values = getattr(self.graph, EDGE_COLUMNS[column])
-            edge[arg] = values[:0].to(self.device).long() if column == "type" else values[:0]
+            empty = values[:0].to(self.device)
+            edge[arg] = empty.long() if column in ("type", "node_type") else empty
         x = self.graph.features[:0].to(self.device, torch.float32)
         ei = torch.zeros(2, 0, dtype=torch.long, device=self.device)
         with torch.no_grad():

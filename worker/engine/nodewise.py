@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.proto.contract import BlockInfo, LayerStats, RunStats
-from hopserve.worker.convs.base import fresh_conv_caches, served_edge_values
+from hopserve.worker.convs.base import NODE_COLUMNS, fresh_conv_caches, served_edge_values
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers, segment_positions
 
 _DEGREE_FREE = {
@@ -255,7 +255,7 @@ class NodewiseEvaluator:
         src = torch.searchsorted(field, torch.from_numpy(topo.indices[pos].astype(np.int64)))
         dst = torch.searchsorted(field, torch.repeat_interleave(inner, torch.from_numpy(counts)))
         x = g.features.index_select(0, field).float().to(self.device)
-        edge = self._edge_data(torch.from_numpy(np.asarray(pos, dtype=np.int64)))
+        edge = self._edge_data(torch.from_numpy(np.asarray(pos, dtype=np.int64)), field)
         if self.style == "dgl":
             out = self._dgl_forward(x, field, inner, src, dst, edge)
         else:
@@ -264,11 +264,14 @@ class NodewiseEvaluator:
                 out = self.model(x, edge_index, **edge)
         return out[torch.searchsorted(field, torch.as_tensor(targets)).to(self.device)].cpu()
 
-    def _edge_data(self, pos: Tensor) -> dict[str, Tensor]:
+    def _edge_data(self, pos: Tensor, field: Tensor) -> dict[str, Tensor]:
         """The model's edge data arguments: the store's rows of the subgraph's edges
-        (CSC positions ``pos``, the subgraph's edge order)."""
+        (CSC positions ``pos``, the subgraph's edge order), and of its nodes (storage ids
+        ``field``) for a node column (node type ids)."""
         return {
-            arg: served_edge_values(column, _column_of(self.graph, column)[pos]).to(self.device)
+            arg: served_edge_values(
+                column, _column_of(self.graph, column)[field if column in NODE_COLUMNS else pos]
+            ).to(self.device)
             for arg, column in self.edge_args.items()
         }
 
@@ -298,9 +301,14 @@ class NodewiseEvaluator:
         graph = dgl.graph((torch.cat(srcs), torch.cat(dsts)), num_nodes=sink + 1)
         x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
         extra = graph.num_edges() - src.numel()  # the sink's edges: neutral edge data
-        edge = {  # (weight 1, zero features, relation 0): they only reach the sink and ring
-            arg: torch.cat([v, _neutral_edge_rows(self.edge_args[arg], v, extra)])
+        # The sink's edges get neutral edge data (weight 1, zero features, relation 0) and
+        # the sink node type 0: they only reach the sink and the ring.
+        edge = {
+            arg: torch.cat(
+                [v, _neutral_edge_rows(column, v, 1 if column in NODE_COLUMNS else extra)]
+            )
             for arg, v in (edge or {}).items()
+            for column in (self.edge_args[arg],)
         }
         with torch.no_grad():
             return self.model(graph.to(self.device), x, **edge)[:sink]
@@ -334,8 +342,8 @@ def _edge_args(model: nn.Module, graph) -> dict[str, str]:  # noqa: ANN001 - a G
         if column is None:
             raise ModelTraceError(
                 f"{type(model).__name__}.forward accepts edge data '{arg}', which hopserve "
-                "cannot serve (only edge weights, edge features and edge types, not edge "
-                "norms)"
+                "cannot serve (only edge weights, edge features, edge types and node types, "
+                "not edge norms)"
             )
         if _column_of(graph, column) is None:
             raise ModelTraceError(missing_edge_data_message(type(model).__name__, arg, column))

@@ -41,17 +41,38 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         reads_v0: Whether plans annotate ``V^0`` (a node-wise block 0).
     """
     from hopserve.worker.graph.store import GraphStore
-    from hopserve.worker.trace.probe import call_model, probe_edge_data, probe_edge_index
+    from hopserve.worker.trace.probe import (
+        call_model,
+        probe_edge_data,
+        probe_edge_index,
+        typed_probe_columns,
+    )
 
     ei, n = probe_edge_index(model, split.style)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(n, feature_dim, generator=gen)
     # Edge data arguments get random columns of the right width, stored in CSC order.
     edge = probe_edge_data(
-        split.edge_args, ei, split.edge_feature_dim, seed=13, num_relations=split.num_relations
+        split.edge_args,
+        ei,
+        split.edge_feature_dim,
+        seed=13,
+        num_relations=split.num_relations,
+        num_nodes=n,
+        num_node_types=split.num_node_types,
     )
     keyword = {"weight": "edge_weight", "features": "edge_attr", "type": "edge_type"}
-    columns = {keyword[column]: edge[arg] for arg, column in split.edge_args.items()}
+    columns: dict = {}
+    node_type = None
+    for arg, column in split.edge_args.items():
+        if column == "node_type":
+            node_type = edge[arg]
+        else:
+            columns[keyword[column]] = edge[arg]
+    if node_type is not None:  # a typed probe store: the probe's type runs
+        columns |= typed_probe_columns(
+            node_type, columns.get("edge_type"), ei.shape[1], feature_dim
+        )
     probe = GraphStore.from_edge_index(ei, x, reorder=None, **columns)
     dev = ctx.device
     with torch.no_grad(), fresh_conv_caches(model):

@@ -33,6 +33,7 @@ from hopserve.worker.graph.format import (
     GraphMeta,
     load_array,
 )
+from hopserve.worker.graph.node_types import check_node_types
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["GraphStore"]
@@ -200,6 +201,7 @@ class GraphStore:
         edge_attr: Any | None = None,
         edge_type: Any | None = None,
         relations: list[str] | None = None,
+        node_types: list[Any] | None = None,
     ) -> GraphStore:
         """Build an in-memory store from a ``[2, E]`` edge index (``edge_index[0]`` = source).
 
@@ -215,7 +217,9 @@ class GraphStore:
         gives each reverse edge it adds its mirror's rows; they rule out ``add_self_loops``
         and ``dedup``. ``edge_type`` ``[E]`` (relation ids, or names) is stored the same
         way as :attr:`edge_type`; ``relations`` names the ids (default ``"0".."R-1"``,
-        or the sorted names).
+        or the sorted names). ``node_types`` (:class:`~.node_types.NodeTypeInfo` per type,
+        in id order, covering the rows) makes a typed store; ``reorder`` runs within each
+        type's rows.
 
         Raises:
             ValueError: bad shapes, dtypes, out-of-range endpoints, duplicate ``node_ids``,
@@ -237,10 +241,16 @@ class GraphStore:
         ea = None if edge_attr is None else _numpy(edge_attr)
         if ea is not None and ea.ndim == 1:  # one feature per edge
             ea = ea.reshape(-1, 1)
+        groups = None
+        if node_types is not None:
+            node_types = check_node_types(node_types, n, x_np.shape[1])
+            counts = [int(t.count) for t in node_types]
+            groups = np.repeat(np.arange(len(counts)), counts)  # reorder within each type
         csc = build_csc(
             ei[0],
             ei[1],
             n,
+            node_groups=groups,
             symmetrize=symmetrize,
             add_self_loops=add_self_loops,
             dedup=dedup,
@@ -257,6 +267,7 @@ class GraphStore:
             edge_features=ea,
             edge_type=None if edge_type is None else _numpy(edge_type),
             relations=relations,
+            node_types=node_types,
         )
         arrays = materialize(contents, progress=progress)
         if x_is_tensor and arrays.features is x_np:
@@ -502,6 +513,16 @@ class GraphStore:
     def node_types(self) -> list[Any] | None:
         """Typed node sets (:class:`~.node_types.NodeTypeInfo`, id order), or ``None``."""
         return self.topology.node_types
+
+    @cached_property
+    def node_type_ids(self) -> torch.Tensor | None:
+        """int64 ``[N]``: each storage node's type (its index in :attr:`node_types`), or
+        ``None`` for an untyped store; a model's ``node_type`` / ``ntype`` argument."""
+        types = self.node_types
+        if not types:
+            return None
+        counts = torch.tensor([int(t.count) for t in types], dtype=torch.long)
+        return torch.repeat_interleave(torch.arange(len(types)), counts)
 
     @classmethod
     def from_hetero(cls, x_dict: Any, edge_index_dict: Any, **kw: Any) -> GraphStore:

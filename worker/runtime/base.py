@@ -514,7 +514,17 @@ def _output_dim(evaluator: Evaluator) -> int:
     relations = getattr(evaluator.graph, "relations", None)
     num_relations = split.num_relations if split is not None else None
     num_relations = num_relations or (len(relations) if relations else None)
-    edge = probe_edge_data(edge_args, ei, width, num_relations=num_relations)
+    types = evaluator.graph.node_types
+    num_node_types = split.num_node_types if split is not None else None
+    num_node_types = num_node_types or (len(types) if types else None)
+    edge = probe_edge_data(
+        edge_args,
+        ei,
+        width,
+        num_relations=num_relations,
+        num_nodes=n,
+        num_node_types=num_node_types,
+    )
     dev = evaluator.device
     with torch.no_grad(), fresh_conv_caches(evaluator.model):
         out = call_model(

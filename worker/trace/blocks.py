@@ -65,6 +65,7 @@ class ModelSplit:
     edge_args: dict[str, str] = field(default_factory=dict)
     edge_feature_dim: int | None = None  # width of the edge features the convs expect
     num_relations: int | None = None  # relations the convs taking edge types have weights for
+    num_node_types: int | None = None  # node types the convs taking node type ids know
 
     def describe(self) -> str:
         """Human-readable schema, one line per block."""

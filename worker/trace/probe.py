@@ -58,10 +58,13 @@ def probe_edge_data(
     feature_dim: int | None,
     seed: int = 5,
     num_relations: int | None = None,
+    num_nodes: int | None = None,
+    num_node_types: int | None = None,
 ) -> dict[str, Tensor]:
     """Random edge data for the probe graph: ``{argument: tensor}`` per edge data argument
     (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal;
-    relation ids uniform in ``0..num_relations-1``).
+    relation ids uniform in ``0..num_relations-1``), and node type ids ``[num_nodes]``
+    (:func:`probe_node_types`).
 
     A node's several self-loops carry the same data: which of them PyG's
     ``add_remaining_self_loops`` keeps is an indexed assignment with repeated indices,
@@ -81,7 +84,39 @@ def probe_edge_data(
         first.scatter_reduce_(0, node, loops, reduce="amin", include_self=False)
         for values in columns.values():
             values[loops] = values[first[node]]
+    if "node_type" in edge_args.values():
+        n = num_nodes if num_nodes is not None else int(edge_index.max()) + 1
+        columns["node_type"] = probe_node_types(n, num_node_types or 1)
     return {arg: columns[column] for arg, column in edge_args.items()}
+
+
+def probe_node_types(num_nodes: int, num_types: int) -> Tensor:
+    """Node type ids of a probe graph: ``num_types`` runs of consecutive ids (a typed
+    store's layout), as even as they come."""
+    return torch.arange(num_nodes) * num_types // max(num_nodes, 1)
+
+
+def typed_probe_columns(
+    node_type: Tensor, edge_type: Tensor | None, num_edges: int, feature_dim: int
+) -> dict:
+    """``GraphStore.from_edge_index`` arguments that make a probe graph typed: node types
+    ``t0, t1, …`` from run-laid-out ``node_type`` ids (:func:`probe_node_types`), and
+    relation ids (``edge_type``, or all 0) named ``t0__r<k>__t0`` (a typed store names its
+    relations by their end types; the probe's edges need not lie in them, and the convs
+    taking type ids do not read the names)."""
+    from hopserve.worker.graph.node_types import NodeTypeInfo
+
+    counts = torch.bincount(node_type).tolist() if node_type.numel() else [0]
+    offsets = [0, *torch.tensor(counts, dtype=torch.long).cumsum(0).tolist()]
+    types = [
+        NodeTypeInfo(name=f"t{k}", offset=offsets[k], count=c, feature_dim=feature_dim)
+        for k, c in enumerate(counts)
+    ]
+    if edge_type is None:
+        edge_type = torch.zeros(num_edges, dtype=torch.long)
+    num_relations = int(edge_type.max()) + 1 if edge_type.numel() else 1
+    relations = [f"t0__r{k}__t0" for k in range(num_relations)]
+    return {"node_types": types, "edge_type": edge_type, "relations": relations}
 
 
 _EDGE_ENCODERS = {"GINEConv": "lin", "EGATConv": "fc_fij", "GatedGCNConv": "C"}
@@ -106,7 +141,42 @@ it) has weights for (PyG ``RGCNConv``/``FastRGCNConv``/``RGATConv``/``FiLMConv``
 ``num_relations``; DGL ``RelGraphConv``: its ``TypedLinear``'s ``num_types``)."""
 
 
+def _typed_counts(conv: nn.Module) -> tuple[int, int] | None:
+    """``(relations, node types)`` of convs that take both (their typed linear layers
+    have either count, so the generic attribute search cannot tell them apart): DGL's
+    ``HGTConv`` (``relation_pri``, ``skip``), PyG's ``HEATConv`` (``edge_type_emb``,
+    ``hetero_lin``)."""
+    if hasattr(conv, "relation_pri") and hasattr(conv, "skip") and hasattr(conv, "linear_k"):
+        return int(conv.relation_pri[0].numel()), int(conv.skip.numel())
+    if hasattr(conv, "edge_type_emb") and hasattr(conv, "hetero_lin"):
+        return int(conv.edge_type_emb.num_embeddings), int(conv.hetero_lin.num_types)
+    return None
+
+
+def node_type_count(convs: list[tuple[str, nn.Module]]) -> int:
+    """How many node types the convs taking node type ids have weights for (the
+    smallest).
+
+    Raises:
+        ModelTraceError: a conv with no node type count to read.
+    """
+    counts = []
+    for qual, conv in convs:
+        typed = _typed_counts(conv)
+        value = typed[1] if typed else getattr(conv, "num_ntypes", None)
+        if not isinstance(value, int) or value <= 0:
+            raise ModelTraceError(
+                f"conv '{qual}' ({type(conv).__name__}) takes node type ids, but how many "
+                "node types it has weights for cannot be told"
+            )
+        counts.append(value)
+    return min(counts)
+
+
 def _relation_count_of(conv: nn.Module) -> int | None:
+    typed = _typed_counts(conv)
+    if typed is not None:
+        return typed[0]
     for module in conv.modules():  # the conv first, then its submodules
         for attr in _RELATION_COUNT_ATTRS:
             value = getattr(module, attr, None)
@@ -320,11 +390,14 @@ __all__ = [
     "FeatureWidthError",
     "call_model",
     "edge_feature_width",
-    "probe_edge_data",
-    "relation_count",
     "input_width_mismatch",
     "model_graph",
+    "node_type_count",
+    "probe_edge_data",
     "probe_edge_index",
     "probe_facts",
     "probe_graph",
+    "probe_node_types",
+    "relation_count",
+    "typed_probe_columns",
 ]

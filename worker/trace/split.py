@@ -25,6 +25,7 @@ from hopserve.worker.trace.probe import (
     FeatureWidthError,
     edge_feature_width,
     input_width_mismatch,
+    node_type_count,
     probe_edge_data,
     probe_edge_index,
     probe_facts,
@@ -52,12 +53,20 @@ def split_model(
     # Refuse unsupported convs before running anything: a conv that needs edge data or
     # another input would otherwise fail on the probe graph with an unrelated error.
     adapters, adapter_names, conv_x = _conv_adapters(traced)
-    edge_dim, num_relations = _bind_edge_inputs(traced, adapters, adapter_names)
+    edge_dim, num_relations, num_node_types = _bind_edge_inputs(traced, adapters, adapter_names)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     # The probe runs where the model's weights are (a worker moves it to its GPU first).
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    edge = probe_edge_data(traced.edge_args, ei, edge_dim, seed=5, num_relations=num_relations)
+    edge = probe_edge_data(
+        traced.edge_args,
+        ei,
+        edge_dim,
+        seed=5,
+        num_relations=num_relations,
+        num_nodes=n,
+        num_node_types=num_node_types,
+    )
     x, ei = x.to(device), ei.to(device)
     edge = {k: v.to(device) for k, v in edge.items()}
     try:
@@ -77,6 +86,7 @@ def split_model(
     split.edge_args = dict(traced.edge_args)
     split.edge_feature_dim = edge_dim
     split.num_relations = num_relations
+    split.num_node_types = num_node_types
     return split
 
 
@@ -95,10 +105,10 @@ def _conv_edge_inputs(traced: TracedModel, node: fx.Node) -> tuple[EdgeInput, ..
 
 def _bind_edge_inputs(
     traced: TracedModel, adapters: nn.ModuleDict, adapter_names: dict[str, str]
-) -> tuple[int | None, int | None]:
+) -> tuple[int | None, int | None, int | None]:
     """Tell each adapter the edge data its conv's calls take (one set per conv module) and
-    what the whole model takes; returns the edge feature width and the number of relations
-    the convs expect (``None`` where no conv takes that column).
+    what the whole model takes; returns the edge feature width and the numbers of relations
+    and of node types the convs expect (``None`` where no conv takes that column).
 
     Raises:
         ModelTraceError: a conv whose adapter cannot take edge data is called with it, or
@@ -106,7 +116,7 @@ def _bind_edge_inputs(
             width cannot be told.
     """
     if not traced.edge_args:
-        return None, None
+        return None, None, None
     per_conv: dict[str, tuple[EdgeInput, ...]] = {}
     for c in traced.conv_nodes:
         qual = str(c.target)
@@ -141,10 +151,17 @@ def _bind_edge_inputs(
         if any(i.column == "type" for i in inputs)
     ]
     num_relations = relation_count(type_convs) if type_convs else None
+    node_type_convs = [
+        (q, traced.gm.get_submodule(q))
+        for q, inputs in per_conv.items()
+        if any(i.column == "node_type" for i in inputs)
+    ]
+    num_node_types = node_type_count(node_type_convs) if node_type_convs else None
     for adapter in adapters.values():
         adapter.edge_feature_dim = edge_dim
         adapter.num_relations = num_relations
-    return edge_dim, num_relations
+        adapter.num_node_types = num_node_types
+    return edge_dim, num_relations, num_node_types
 
 
 def _conv_adapters(

@@ -14,7 +14,9 @@ PyG-style ``forward(x, edge_index)`` is the default; DGL-style ``forward(graph, 
 recognised by argument names (``g``/``graph``/``block``/``blocks`` first). Edge data
 arguments stay placeholders: ``edge_weight``-like names are served from the graph store's
 edge weights, ``edge_attr``-like names from its edge features (:data:`EDGE_COLUMNS`); each
-conv receiving one gathers the rows of its batch's edges (:mod:`hopserve.worker.convs`). DGL convs
+conv receiving one gathers the rows of its batch's edges (:mod:`hopserve.worker.convs`).
+A ``node_type``-like argument (DGL's ``ntype``) is served the same way from a typed
+store's node type ids, one row per node: a conv gets its batch's source rows'. DGL convs
 (``dgl.nn.pytorch``) are leaves like PyG's and are called ``conv(graph, h)``; modules that
 need a heterograph are refused before tracing (:func:`~.registry.early_refusal`).
 """
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
+from hopserve.worker.convs.base import NODE_COLUMNS
 from hopserve.worker.convs.registry import NODEWISE_ADVICE, early_refusal, is_conv_module
 
 _GRAPH_ARG_NAMES = {"edge_index", "adj", "adj_t", "g", "graph", "block", "blocks", "mfg"}
@@ -96,33 +99,51 @@ class TracedModel:
 
 
 _EDGE_DATA_ARG = re.compile(
-    r"(edge_(weight|attr|feat|feature|type|norm)|e_?feats?|e_?weight|etype|edge_w)s?"
+    r"(edge_(weight|attr|feat|feature|type|norm)|e_?feats?|e_?weight|etype|edge_w"
+    r"|node_type|ntype|n_type)s?"
 )
-"""Names of ``forward`` parameters that carry per-edge data."""
+"""Names of ``forward`` parameters that carry graph data besides the features: per-edge
+data, and the per-node type ids of a typed graph (served the same way)."""
 _EDGE_WEIGHT_ARG = re.compile(r"(edge_weight|e_?weight|edge_w)s?")
 _EDGE_FEATURE_ARG = re.compile(r"(edge_(attr|feat|feature)|e_?feats?)s?")
 _EDGE_TYPE_ARG = re.compile(r"(edge_type|etype|e_type|rel_type)s?")
-EDGE_COLUMNS = {"weight": "edge_weight", "features": "edge_features", "type": "edge_type"}
+_NODE_TYPE_ARG = re.compile(r"(node_type|ntype|n_type)s?")
+EDGE_COLUMNS = {
+    "weight": "edge_weight",
+    "features": "edge_features",
+    "type": "edge_type",
+    "node_type": "node_type_ids",
+}
 """Store column names (``GraphStore`` attributes) by kind: an ``edge_weight``-like argument
 is served from ``edge_weight`` ``[E]``, an ``edge_attr``-like one from ``edge_features``
-``[E, d_e]``, an ``edge_type``-like one (relation ids) from ``edge_type`` ``[E]``. Other
-edge data (``edge_norm``) is refused."""
+``[E, d_e]``, an ``edge_type``-like one (relation ids) from ``edge_type`` ``[E]``, a
+``node_type``-like one (DGL's ``ntype``) from a typed store's ``node_type_ids`` ``[N]``
+(:data:`NODE_COLUMNS`: one row per node, not per edge). Other edge data (``edge_norm``)
+is refused."""
 
 
 def edge_column(name: str) -> str | None:
-    """``"weight"`` / ``"features"`` / ``"type"`` for a served edge data argument name,
-    else ``None``."""
+    """``"weight"`` / ``"features"`` / ``"type"`` / ``"node_type"`` for a served graph
+    data argument name, else ``None``."""
     if _EDGE_WEIGHT_ARG.fullmatch(name):
         return "weight"
     if _EDGE_FEATURE_ARG.fullmatch(name):
         return "features"
     if _EDGE_TYPE_ARG.fullmatch(name):
         return "type"
+    if _NODE_TYPE_ARG.fullmatch(name):
+        return "node_type"
     return None
 
 
 def missing_edge_data_message(model_name: str, arg: str, column: str | None = None) -> str:
     """Why a model taking edge data ``arg`` is refused on a graph without that column."""
+    if column in NODE_COLUMNS:
+        return (
+            f"{model_name}.forward takes node type ids '{arg}', which an untyped graph "
+            "store does not have: serve it from a typed store (GraphStore.from_hetero, "
+            "from_pyg(HeteroData), from_dgl(heterograph)), whose node types are its ids"
+        )
     held = f" ({EDGE_COLUMNS[column]})" if column else ""
     return (
         f"{model_name}.forward accepts edge data '{arg}', which the graph store does not "
@@ -133,7 +154,8 @@ def missing_edge_data_message(model_name: str, arg: str, column: str | None = No
 
 
 def edge_data_args(model: nn.Module) -> list[str]:
-    """Names of ``model.forward``'s parameters that carry per-edge data."""
+    """Names of ``model.forward``'s parameters that carry graph data (per-edge data, node
+    type ids)."""
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -168,8 +190,8 @@ def _signature(
             continue
         if _EDGE_DATA_ARG.fullmatch(p.name):
             reason = (
-                "only edge weights (edge_weight), edge features (edge_attr) and edge "
-                "types (edge_type) are served, not edge norms"
+                "only edge weights (edge_weight), edge features (edge_attr), edge "
+                "types (edge_type) and node types (node_type) are served, not edge norms"
             )
             raise ModelTraceError(
                 f"{type(model).__name__}.forward accepts edge data '{p.name}', which "
@@ -182,7 +204,7 @@ def _signature(
             raise ModelTraceError(
                 f"{type(model).__name__}.forward has a required extra argument '{p.name}'; "
                 "only (features, graph) inputs and edge data (edge_weight, edge_attr, "
-                "edge_type) are supported"
+                "edge_type, node_type) are supported"
             )
         concrete[p.name] = p.default
     return feature_arg, graph_arg, style, concrete, edge_args

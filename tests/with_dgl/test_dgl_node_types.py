@@ -1,0 +1,115 @@
+"""DGL models taking node type ids (``forward(g, x, ntype, etype)`` calling ``HGTConv(g, h,
+ntype, etype)``, as DGL's HGT example runs it on ``dgl.to_homogeneous``) served from a
+typed store: node type ids from its node types, relation ids from its ``edge_type``
+column; equal to their own full-graph forward on ``to_homogeneous``, full and partial,
+batched with the load-time self-check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
+
+import dgl.nn.pytorch as dglnn  # noqa: E402
+from support import assert_exact  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
+from hopserve.worker.engine.nodewise import NodewiseEvaluator  # noqa: E402
+from hopserve.worker.trace.tracer import ModelTraceError  # noqa: E402
+
+pytestmark = pytest.mark.dgl
+
+D_IN = 8
+RELATIONS = [
+    ("user", "clicks", "item"),
+    ("item", "clicked-by", "user"),
+    ("user", "follows", "user"),
+    ("item", "in", "category"),
+]
+
+
+class HGT(nn.Module):
+    """DGL's HGT example: two ``HGTConv`` layers over node and relation type ids; the
+    second changes the width (its skip goes through ``residual_w``)."""
+
+    def __init__(self, num_ntypes: int, num_etypes: int, use_norm: bool = False) -> None:
+        super().__init__()
+        self.conv1 = dglnn.HGTConv(D_IN, 4, 2, num_ntypes, num_etypes, use_norm=use_norm)
+        self.conv2 = dglnn.HGTConv(8, 3, 2, num_ntypes, num_etypes, use_norm=use_norm)
+
+    def forward(self, g, x, ntype, etype):
+        h = self.conv1(g, x, ntype, etype).relu()
+        return self.conv2(g, h, ntype, etype)
+
+
+def heterograph(seed: int):
+    """Users, items and categories (categories have no out-edges, users no category
+    edges; some nodes have no in-edges), duplicate edges included."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = {"user": 60, "item": 45, "category": 7}
+    data = {}
+    for s, r, d in RELATIONS:
+        e = 150
+        src = torch.randint(0, counts[s], (e,), generator=gen)
+        dst = torch.randint(0, counts[d] - 2, (e,), generator=gen)  # the last two: no in-edge
+        data[(s, r, d)] = (torch.cat([src, src[:5]]), torch.cat([dst, dst[:5]]))
+    hg = dgl.heterograph(data, num_nodes_dict=counts)
+    for t, n in counts.items():
+        hg.nodes[t].data["feat"] = torch.randn(n, D_IN, generator=gen)
+    return hg
+
+
+def reference(model: nn.Module, hg) -> torch.Tensor:
+    """The model's own forward on ``to_homogeneous`` (rows in its node order)."""
+    g = dgl.to_homogeneous(hg, ndata=["feat"])
+    with torch.no_grad():
+        return model(g, g.ndata["feat"], g.ndata[dgl.NTYPE], g.edata[dgl.ETYPE])
+
+
+@pytest.mark.parametrize("use_norm", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hgtconv_equals_its_full_graph_forward(seed, use_norm):
+    hg = heterograph(seed)
+    torch.manual_seed(seed)
+    model = HGT(len(hg.ntypes), len(hg.etypes), use_norm).eval()
+    want = reference(model, hg)
+    store = GraphStore.from_dgl(hg)
+    assert [t.name for t in store.node_types] == hg.ntypes
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=13, progress=False)  # self-check on
+    assert_exact(ev.evaluate(), want, f"hgt seed={seed} full")
+    assert ev.last_stats.batches > ev.num_layers
+    n = want.shape[0]
+    targets = torch.tensor([n - 1, 0, 61, 61, 100, n - 2])
+    assert_exact(ev.evaluate(targets=targets), want[targets], f"hgt seed={seed} partial")
+    with torch.no_grad():  # the test can fail: other node type ids give other rows
+        g = dgl.to_homogeneous(hg, ndata=["feat"])
+        other = model(g, g.ndata["feat"], (g.ndata[dgl.NTYPE] + 1) % 3, g.edata[dgl.ETYPE])
+    assert (other - want).abs().max() > 1e-2
+
+
+def test_hgtconv_through_the_nodewise_fallback():
+    hg = heterograph(2)
+    torch.manual_seed(0)
+    model = HGT(len(hg.ntypes), len(hg.etypes)).eval()
+    want = reference(model, hg)
+    ev = NodewiseEvaluator(model, GraphStore.from_dgl(hg), hops=2, batch_size=7)
+    targets = torch.tensor([0, 5, 59, 60, 104, 111])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "hgt node-wise")
+
+
+def test_an_untyped_store_is_refused_naming_the_argument():
+    hg = heterograph(0)
+    g = dgl.to_homogeneous(hg, ndata=["feat"])
+    store = GraphStore.from_dgl(g, relations=list(hg.etypes))  # relation ids, no node types
+    model = HGT(len(hg.ntypes), len(hg.etypes)).eval()
+    with pytest.raises(ModelTraceError, match="node type ids 'ntype'.*untyped"):
+        LayerwiseEvaluator(model, store, progress=False)
+
+
+def test_more_node_types_than_the_model_knows_are_refused():
+    hg = heterograph(0)
+    model = HGT(len(hg.ntypes) - 1, len(hg.etypes)).eval()
+    with pytest.raises(ModelTraceError, match="3 node types .* has weights for 2"):
+        LayerwiseEvaluator(model, GraphStore.from_dgl(hg), progress=False)
