@@ -130,6 +130,41 @@ def _check_edge_ends(types: list[NodeTypeInfo], relations: list[str], src, dst, 
             )
 
 
+def _edge_column(
+    key: str,
+    values: Mapping[tuple[str, str, str], Any],
+    edge_index_dict: Mapping[tuple[str, str, str], Any],
+    numpy: Any,
+) -> np.ndarray:
+    """One edge column ``[E]`` / ``[E, d_e]`` from per-relation rows, in the relations'
+    order (the order :func:`from_hetero` concatenates their edges in)."""
+    rows, width = [], None
+    for rel, ei in edge_index_dict.items():
+        if rel not in values:
+            raise ValueError(
+                f"{key}_dict has no rows for relation {rel}; give every relation its "
+                f"{key} (a store has one edge column), or none"
+            )
+        v = numpy(values[rel]).astype(np.float32)
+        if key == "edge_attr" and v.ndim == 1:
+            v = v.reshape(-1, 1)
+        e = int(numpy(ei).shape[1])
+        want = (e,) if key == "edge_weight" else (e, width if width is not None else v.shape[-1])
+        if v.shape != want:
+            raise ValueError(
+                f"{key}_dict[{rel}] has shape {list(v.shape)}, expected {list(want)} "
+                f"({e} edges{'' if key == 'edge_weight' else ', every relation one width'})"
+            )
+        width = v.shape[-1] if v.ndim == 2 else None
+        rows.append(v)
+    extra = [rel for rel in values if rel not in edge_index_dict]
+    if extra:
+        raise ValueError(f"{key}_dict names relations without edges: {extra}")
+    if rows:
+        return np.concatenate(rows)
+    return np.zeros((0, 1) if key == "edge_attr" else (0,), np.float32)
+
+
 def typed_store(
     types: Sequence[tuple[str, int]],
     src: np.ndarray,
@@ -213,6 +248,8 @@ def from_hetero(
     labels_dict: Mapping[str, Any] | None = None,
     num_nodes_dict: Mapping[str, int] | None = None,
     node_types: Sequence[str] | None = None,
+    edge_attr_dict: Mapping[tuple[str, str, str], Any] | None = None,
+    edge_weight_dict: Mapping[tuple[str, str, str], Any] | None = None,
     **kw: Any,
 ) -> GraphStore:
     """A typed store from per-type features and per-relation edge indices (PyG
@@ -221,10 +258,14 @@ def from_hetero(
     ``edge_index_dict[(src, name, dst)]`` is ``[2, E_r]`` in per-type indices. Features of
     different widths are zero-padded to the widest (``feature_dim`` per type kept in the
     meta); a type without features gets none (width 0, ``num_nodes_dict`` gives its count).
-    Other keywords go to :func:`typed_store`.
+    ``edge_attr_dict[rel]`` ``[E_r, d_e]`` and ``edge_weight_dict[rel]`` ``[E_r]`` become the
+    store's edge columns (every relation needs its rows, the features one width: the
+    homogeneous form's edge columns, what a model's ``edge_attr`` / ``edge_weight`` is
+    served with). Other keywords go to :func:`typed_store`.
 
     Raises:
-        ValueError: an edge index naming an unknown type, or ends out of range.
+        ValueError: an edge index naming an unknown type, ends out of range, or edge data
+            missing for a relation, of another length or width (naming the relation).
     """
     import torch
 
@@ -271,6 +312,9 @@ def from_hetero(
         srcs.append(ei[0] + offsets[s_type])
         dsts.append(ei[1] + offsets[d_type])
         ids.append(np.full(ei.shape[1], r, dtype=np.int16))
+    for key, values in (("edge_attr", edge_attr_dict), ("edge_weight", edge_weight_dict)):
+        if values is not None:
+            kw[key] = _edge_column(key, values, edge_index_dict, numpy)
     labels = None
     if labels_dict:
         labels = np.full(sum(counts), -1, dtype=np.int64)

@@ -289,7 +289,7 @@ class GraphStore:
         keywords go to :meth:`from_edge_index`.
         """
         if hasattr(data, "node_types") and hasattr(data, "edge_index_dict"):  # HeteroData
-            return cls._from_pyg_hetero(data, **kw)
+            return cls._from_pyg_hetero(data, edge_data=edge_data, **kw)
         if getattr(data, "x", None) is None or getattr(data, "edge_index", None) is None:
             raise ValueError("data must have x and edge_index")
         if edge_data:
@@ -307,9 +307,20 @@ class GraphStore:
         return cls.from_edge_index(data.edge_index, data.x, **kw)
 
     @classmethod
-    def _from_pyg_hetero(cls, data: Any, **kw: Any) -> GraphStore:
+    def _from_pyg_hetero(cls, data: Any, *, edge_data: bool = True, **kw: Any) -> GraphStore:
         """A typed store from a ``HeteroData`` (``x`` per node type, ``edge_index`` per
-        edge type, integer ``y`` per node type as labels)."""
+        edge type, integer ``y`` per node type as labels; with ``edge_data``, each edge
+        type's ``edge_attr`` / ``edge_weight`` when any edge type has one, which every edge
+        type must then have)."""
+        if edge_data:
+            for key in ("edge_attr", "edge_weight"):
+                values = {
+                    et: getattr(data[et], key)
+                    for et in data.edge_types
+                    if getattr(data[et], key, None) is not None
+                }
+                if values and f"{key}_dict" not in kw:
+                    kw[f"{key}_dict"] = values
         labels = {}
         for t in data.node_types:
             y = getattr(data[t], "y", None)

@@ -125,3 +125,61 @@ def test_more_node_types_than_the_model_has_weights_for_is_refused(medium):
     *_, store = medium
     with pytest.raises(ModelTraceError, match="graph has 3 node types.*has weights for 2"):
         LayerwiseEvaluator(HEAT(num_node_types=2).eval(), store, progress=False)
+
+
+def _hetero_data(seed: int, with_weight: bool = False):
+    """A ``HeteroData`` of three types (one width) whose relations all carry ``edge_attr``."""
+    from torch_geometric.data import HeteroData
+
+    gen = torch.Generator().manual_seed(seed)
+    counts = {"account": 30, "device": 12, "merchant": 9}
+    data = HeteroData()
+    for t, n in counts.items():
+        data[t].x = torch.randn(n, D_IN, generator=gen)
+    for s, r, d in [("account", "uses", "device"), ("device", "used-by", "account"),
+                    ("account", "pays", "merchant"), ("merchant", "paid-by", "account")]:  # fmt: skip
+        e = 60
+        data[s, r, d].edge_index = torch.stack(
+            [
+                torch.randint(0, counts[s], (e,), generator=gen),
+                torch.randint(0, counts[d], (e,), generator=gen),
+            ]  # fmt: skip
+        )
+        data[s, r, d].edge_attr = torch.randn(e, D_E, generator=gen)
+        if with_weight:
+            data[s, r, d].edge_weight = torch.rand(e, generator=gen) + 0.5
+    return data
+
+
+def test_heterodata_with_per_relation_edge_attr_equals_to_homogeneous_forward():
+    """``from_pyg(HeteroData)`` takes each relation's ``edge_attr`` into the store's edge
+    column: a homogeneous-form model over node types, relations and edge features equals
+    its forward on ``HeteroData.to_homogeneous()``."""
+    data = _hetero_data(0)
+    store = GraphStore.from_pyg(data)
+    assert store.edge_features is not None and store.edge_features.shape[1] == D_E
+    homo = data.to_homogeneous()
+    torch.manual_seed(0)
+    model = HEAT().eval()
+    want = _forward(model, homo.x, homo.edge_index, homo.node_type, homo.edge_type, homo.edge_attr)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=7, progress=False)
+    targets = torch.tensor([0, 29, 30, 41, 50, 5, 5])
+    assert_full_and_partial(ev, want, targets, "heat from HeteroData")
+    assert GraphStore.from_pyg(data, edge_data=False).edge_features is None
+
+
+def test_per_relation_edge_data_must_cover_every_relation_in_one_width():
+    data = _hetero_data(1, with_weight=True)
+    assert GraphStore.from_pyg(data).edge_weight is not None
+    del data["merchant", "paid-by", "account"].edge_attr
+    with pytest.raises(
+        ValueError,
+        match=r"edge_attr_dict has no rows for relation \('merchant', 'paid-by', 'account'\)",
+    ):
+        GraphStore.from_pyg(data)
+    data["merchant", "paid-by", "account"].edge_attr = torch.randn(60, D_E + 1)
+    with pytest.raises(
+        ValueError,
+        match=r"edge_attr_dict\[\('merchant', 'paid-by', 'account'\)\] has shape \[60, 3\], expected \[60, 2\]",
+    ):
+        GraphStore.from_pyg(data)
