@@ -20,7 +20,12 @@ from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.hetero.layout import TypeLayout
-from hopserve.worker.hetero.modules import DictConvLayer, HeteroLayer, group_relations
+from hopserve.worker.hetero.modules import (
+    DictConvLayer,
+    HeteroLayer,
+    group_relations,
+    relation_edge_data,
+)
 
 __all__ = ["DictConvAdapter", "HeteroLayerAdapter"]
 
@@ -51,7 +56,9 @@ class HeteroLayerAdapter(_TypedAdapter):
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: HeteroLayer = self.conv
         num_dst = batch.num_dst
-        edge_type = self.edge_values(batch)["edge_type"]
+        values = self.edge_values(batch)
+        edge_type = values["edge_type"]
+        columns = {"features": values.get("edge_attr"), "weight": values.get("edge_weight")}
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
         src_index, dst_index = batch.src_index, batch.dst_index
         out = x.new_zeros((num_dst, *layer.out_shape))
@@ -70,7 +77,8 @@ class HeteroLayerAdapter(_TypedAdapter):
                 on = (edge_type == layer.calls[k].relation) & (at_t >= 0)
                 src = src_index[on]
                 dst = at_t[on]
-                outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t))
+                kw = relation_edge_data(layer.calls[k], columns, on)
+                outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
             y = group_relations(outs, layer.aggr)
             out[dst_sel, : y.shape[1]] = y
         return out
@@ -84,14 +92,16 @@ class HeteroLayerAdapter(_TypedAdapter):
         src: Tensor,
         dst: Tensor,
         pos_in_t: Tensor,
+        edge_kw: dict[str, Tensor],
     ) -> Tensor:
-        """One relation conv's output for the batch's destinations of its type."""
+        """One relation conv's output for the batch's destinations of its type
+        (``edge_kw``: its edge data keywords, rows of the ``src``/``dst`` edges)."""
         call, conv = layer.calls[k], layer.convs[k]
         num_t = x_dst.shape[0]
         if call.src != call.dst:
             uniq, local = torch.unique(src, return_inverse=True)
             x_src = x.index_select(0, uniq)[:, : layer.in_widths[call.src]]
-            return conv((x_src, x_dst), torch.stack([local, dst]))
+            return conv((x_src, x_dst), torch.stack([local, dst]), **edge_kw)
         # One square table: the destinations first, then the other sources.
         num_dst = pos_in_t.numel()
         at_dst = torch.full_like(src, -1)
@@ -102,7 +112,7 @@ class HeteroLayerAdapter(_TypedAdapter):
         local = torch.where(is_dst, at_dst, num_t + torch.searchsorted(others, src))
         width = layer.in_widths[call.dst]
         table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
-        return conv(table, torch.stack([local, dst]))[:num_t]
+        return conv(table, torch.stack([local, dst]), **edge_kw)[:num_t]
 
 
 class DictConvAdapter(_TypedAdapter):

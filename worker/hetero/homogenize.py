@@ -18,9 +18,14 @@ rebuilt as a table over all rows, meaningful on its type's rows
 - the model's output (one type's value, or a dict of them) is one table; the types it
   holds are the model's output types (:attr:`HomogeneousModel.output_types`).
 
+Per-relation edge data (``edge_attr_dict``, ``edge_weight_dict`` arguments, passed on by
+``HeteroConv`` or to a ``to_hetero`` relation conv) is the store's edge column, an
+``edge_attr`` / ``edge_weight`` argument of the homogeneous form, of which each relation
+conv gets its relation's rows.
+
 Refused with the reason (:class:`~hopserve.worker.trace.tracer.ModelTraceError`): ops
-mixing two types' values, ``HeteroConv`` calls with per-relation edge data, relation
-convs needing a whole-graph statistic, and dict convs other than ``HeteroConv``.
+mixing two types' values, edge data the store lacks, relation convs needing a
+whole-graph statistic, and dict convs other than ``HeteroConv``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import inspect
 import operator
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -63,17 +69,21 @@ def _is_dgl_dict_model(model: nn.Module) -> bool:
     return hetero is not None and any(isinstance(m, hetero) for m in model.modules())
 
 
+def _is_to_hetero(model: nn.Module) -> bool:
+    """PyG's ``to_hetero`` of a model: a graph module unpacking its arguments' dicts (which
+    keep the homogeneous model's names, ``edge_attr`` included)."""
+    return isinstance(model, fx.GraphModule) and any(
+        n.op == "call_function" and getattr(n.target, "__name__", "") == "get_dict"
+        and "to_hetero" in getattr(n.target, "__module__", "")
+        for n in model.graph.nodes
+    )  # fmt: skip
+
+
 def is_dict_model(model: nn.Module) -> bool:
     """Whether ``model.forward`` takes per-type dicts: its first argument is ``*_dict``, it
     is PyG's ``to_hetero`` of a model (a graph module unpacking dicts), or a DGL model with
     a ``HeteroGraphConv`` (``forward(graph, x_dict)``)."""
-    if _is_dgl_dict_model(model):
-        return True
-    if isinstance(model, fx.GraphModule) and any(
-        n.op == "call_function" and getattr(n.target, "__name__", "") == "get_dict"
-        and "to_hetero" in getattr(n.target, "__module__", "")
-        for n in model.graph.nodes
-    ):  # fmt: skip
+    if _is_dgl_dict_model(model) or _is_to_hetero(model):
         return True
     try:
         params = list(inspect.signature(model.forward).parameters)
@@ -147,7 +157,37 @@ def _example(
     return x, edges
 
 
-def _dict_outputs(model: nn.Module, example: tuple) -> dict[nn.Module, tuple[str, ...]]:
+_EDGE_ARG = {"features": "edge_attr", "weight": "edge_weight"}
+"""The homogeneous form's argument serving each edge column (the tracer's names)."""
+
+
+def _edge_data_column(name: str, bare: bool = False) -> str | None:
+    """The edge column a dict model's per-relation edge data argument reads:
+    ``edge_attr_dict`` -> ``"features"``, ``edge_weight_dict`` -> ``"weight"`` (with
+    ``bare``, a ``to_hetero`` model's ``edge_attr`` / ``edge_weight`` too), else ``None``."""
+    from hopserve.worker.trace.tracer import edge_column
+
+    if name.endswith("_dict"):
+        name = name[: -len("_dict")]
+    elif not bare:
+        return None
+    column = edge_column(name)
+    return column if column in _EDGE_ARG else None
+
+
+def _example_edge_data(
+    layout: TypeLayout, column: str, width: int, device: torch.device, seed: int = 4
+) -> dict[tuple, Tensor]:
+    """Per-relation example rows of an edge column (for :func:`_example`'s 12 edges)."""
+    gen = torch.Generator().manual_seed(seed)
+    if column == "weight":
+        return {r: (torch.rand(12, generator=gen) + 0.5).to(device) for r in layout.relations}
+    return {r: torch.randn(12, width, generator=gen).to(device) for r in layout.relations}
+
+
+def _dict_outputs(
+    model: nn.Module, example: tuple, example_kw: dict | None = None
+) -> dict[nn.Module, tuple[str, ...]]:
     """The keys (with a tensor) of each submodule's dict output on the example graph."""
     outputs: dict[nn.Module, tuple[str, ...]] = {}
 
@@ -158,7 +198,7 @@ def _dict_outputs(model: nn.Module, example: tuple) -> dict[nn.Module, tuple[str
     handles = [m.register_forward_hook(hook) for m in model.modules() if m is not model]
     try:
         with torch.no_grad():
-            model(*example)
+            model(*example, **(example_kw or {}))
     finally:
         for h in handles:
             h.remove()
@@ -192,20 +232,26 @@ class _Value:
         self.payload = payload
 
 
-def homogenize(model: nn.Module, layout: TypeLayout) -> HomogeneousModel:
+def homogenize(
+    model: nn.Module, layout: TypeLayout, edge_columns: dict[str, int] | None = None
+) -> HomogeneousModel:
     """Rebuild dict model ``model`` over the homogeneous form of a store laid out as
-    ``layout`` (see the module doc).
+    ``layout`` (see the module doc); ``edge_columns``: the store's edge data columns
+    (``"features"``: their width, ``"weight"``: 1), which per-relation edge data
+    arguments (``edge_attr_dict``, ``edge_weight_dict``) are served from.
 
     Raises:
         ModelTraceError: naming the op, module or argument that cannot be rebuilt.
     """
-    return _Builder(model, layout).build()
+    return _Builder(model, layout, edge_columns or {}).build()
 
 
 class _Builder:
-    def __init__(self, model: nn.Module, layout: TypeLayout) -> None:
+    def __init__(self, model: nn.Module, layout: TypeLayout, edge_columns: dict[str, int]) -> None:
         self.model = model
         self.layout = layout
+        self.edge_columns = edge_columns
+        self.edge_data: dict[str, str] = {}  # the model's edge data dict argument -> column
         self.g = fx.Graph()
         self.root = nn.Module()
         self.root.add_module("model", model)
@@ -234,23 +280,36 @@ class _Builder:
         else:
             x_arg, edge_arg = params[0].name, params[1].name
         for p in params[2:]:
+            column = _edge_data_column(p.name, bare=_is_to_hetero(self.model))
+            if column is not None and not self.dgl:
+                if column not in self.edge_columns:
+                    from hopserve.worker.trace.tracer import missing_edge_data_message
+
+                    raise _error(missing_edge_data_message(name, p.name, column))
+                self.edge_data[p.name] = column
+                continue
             if p.default is inspect.Parameter.empty:
                 raise _error(
                     f"{name}.forward has a required extra argument '{p.name}'; a dict model "
-                    "is served from (x_dict, edge_index_dict) only (per-relation edge data "
-                    "is not served yet)"
+                    "is served from (x_dict, edge_index_dict) and per-relation edge data "
+                    "(edge_attr_dict, edge_weight_dict) only"
                 )
         x_types = [t for t, d in zip(self.layout.names, self.layout.feature_dims, strict=True) if d]
         concrete: dict[str, Any] = {
             x_arg: dict.fromkeys(x_types, PH),
             edge_arg: PH if self.dgl else dict.fromkeys(self.layout.relations, PH),
         }
-        concrete.update({p.name: p.default for p in params[2:]})
+        concrete.update({p.name: p.default for p in params[2:] if p.name not in self.edge_data})
+        concrete.update({a: dict.fromkeys(self.layout.relations, PH) for a in self.edge_data})
         x_ex, e_ex = _example(self.layout, self.device)
         self.example = (_heterograph(self.layout, e_ex), x_ex) if self.dgl else (x_ex, e_ex)
+        self.example_edge = {
+            a: _example_edge_data(self.layout, column, self.edge_columns[column], self.device)
+            for a, column in self.edge_data.items()
+        }
         try:
             with zero_in_degree_allowed(self.model):  # the tiny example has such nodes
-                outputs = _dict_outputs(self.model, self.example)
+                outputs = _dict_outputs(self.model, self.example, self.example_edge)
         except Exception as err:
             raise _error(
                 f"{name} failed on a small typed graph of the store's types "
@@ -275,16 +334,27 @@ class _Builder:
         x_slots = [("x", t) for t in x_types]
         if self.dgl:
             return gm, [("graph", None), *x_slots], out_spec
-        return gm, x_slots + [("edges", r) for r in self.layout.relations], out_spec
+        edge_slots = [("edges", r) for r in self.layout.relations]
+        # fx orders the remaining placeholders by parameter, then by relation
+        order = [p.name for p in params if p.name in self.edge_data]
+        data_slots = [("edge_data", (a, r)) for a in order for r in self.layout.relations]
+        return gm, x_slots + edge_slots + data_slots, out_spec
 
     # ------------------------------------------------------------------ build
     def build(self) -> HomogeneousModel:
         gm, slots, out_spec = self._trace()
         x_ex = self.example[1] if self.dgl else self.example[0]
-        flat = [
-            x_ex[k] if kind == "x" else self.example[0] if kind == "graph" else self.example[1][k]
-            for kind, k in slots
-        ]
+
+        def example(kind: str, k: Any) -> Any:
+            if kind == "x":
+                return x_ex[k]
+            if kind == "graph":
+                return self.example[0]
+            if kind == "edge_data":
+                return self.example_edge[k[0]][k[1]]
+            return self.example[1][k]
+
+        flat = [example(kind, k) for kind, k in slots]
         shapes = _Shapes(gm)
         with torch.no_grad():
             try:
@@ -300,6 +370,12 @@ class _Builder:
         self.x = self.g.placeholder("x")
         self.edge_index = self.g.placeholder("edge_index")
         self.edge_type = self.g.placeholder("edge_type")
+        # the store's edge columns the model's edge data dicts read, as arguments the
+        # engine serves by name (edge_attr: features, edge_weight: weights)
+        self.edge_args = {
+            column: self.g.placeholder(_EDGE_ARG[column])
+            for column in sorted(set(self.edge_data.values()))
+        }
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(slots):
             raise _error(
@@ -311,6 +387,10 @@ class _Builder:
                 self.values[node] = self._features(self.layout.index(key))
             elif kind == "graph":
                 self.values[node] = _Value(None, kind="graph")
+            elif kind == "edge_data":
+                arg, rel = key
+                payload = (self.edge_data[arg], tuple(rel))
+                self.values[node] = _Value(None, kind="edge_data", payload=payload)
             else:
                 self.values[node] = _Value(None, kind="edges", payload=key)
         output = None
@@ -381,9 +461,11 @@ class _Builder:
         def one(a: fx.Node) -> fx.Node:
             v = self.values[a]
             if v.kind != "tensor":
-                what = {"edges": "an edge_index", "graph": "the graph"}.get(
-                    v.kind, "a conv's output dict"
-                )
+                what = {
+                    "edges": "an edge_index",
+                    "graph": "the graph",
+                    "edge_data": "per-relation edge data",
+                }.get(v.kind, "a conv's output dict")
                 raise _error(
                     f"'{node.name}' at {self._where(node)} uses {what} outside a "
                     "HeteroConv; only HeteroConv may read the graph"
@@ -434,14 +516,19 @@ class _Builder:
 
     def _hetero(self, node: fx.Node, conv: nn.Module) -> _Value:
         where = f"HeteroConv '{node.target}' at {self._where(node)}"
-        if len(node.args) != 2 or node.kwargs:
-            raise _error(
-                f"{where} is called with per-relation edge data; only "
-                "conv(x_dict, edge_index_dict) is served yet"
-            )
-        x_arg, edges_arg = node.args
+        if len(node.args) < 2:
+            raise _error(f"{where} must be called as conv(x_dict, edge_index_dict, ...)")
+        x_arg, edges_arg = node.args[:2]
+        extra = [*node.args[2:], *node.kwargs.values()]
         if not isinstance(x_arg, dict) or not isinstance(edges_arg, dict):
             raise _error(f"{where} must be called with the per-type dicts themselves")
+        if not all(isinstance(d, dict) for d in extra) or not all(
+            k.endswith("_dict") for k in node.kwargs
+        ):
+            raise _error(
+                f"{where}: its further arguments must be per-relation edge data dicts "
+                "(edge_attr_dict, edge_weight_dict)"
+            )
         if conv.aggr not in ("sum", "mean", "min", "max", "mul", "cat"):
             raise _error(
                 f"{where} uses aggr={conv.aggr!r}; per-node outputs need sum, mean, min, "
@@ -463,7 +550,10 @@ class _Builder:
                         f"({end}), which x_dict lacks here"
                     )
             _check_relation_conv(conv.convs[key], f"{node.target}.{'__'.join(key)}", where)
-            calls.append(RelationCall(tuple(key), rel, src, dst))
+            args = [d[key] for d in node.args[2:] if key in d]
+            kwargs = {k[: -len("_dict")]: d[key] for k, d in node.kwargs.items() if key in d}
+            data = self._edge_data(conv.convs[key], key, args, kwargs, where)
+            calls.append(RelationCall(tuple(key), rel, src, dst, data))
         used = sorted({c.src for c in calls} | {c.dst for c in calls})
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in used}
         out_shapes = self.shapes.get(node, {})
@@ -475,22 +565,48 @@ class _Builder:
         return _Value(out, kind="hetero", payload=(layer, out_widths))
 
     def _layer(self, layer: nn.Module, inputs: list[fx.Node], types: list[int]) -> fx.Node:
-        """Call ``layer`` on its types' values (merged into one table where they differ)."""
+        """Call ``layer`` on its types' values (merged into one table where they differ),
+        with the edge columns its relation convs read."""
         self.layers.append(layer)
         x_in = self._merged(inputs, types)
         target = f"hetero_layers.{len(self.layers) - 1}"
-        return self.g.call_module(target, (x_in, self.edge_index, self.edge_type))
+        columns = {c for call in getattr(layer, "calls", ()) for _, c in call.edge_data}
+        kwargs = {_EDGE_ARG[c]: self.edge_args[c] for c in sorted(columns)}
+        if "features" in columns:  # the width the engine checks the store's against
+            layer.edge_dim = int(self.edge_columns["features"])
+        return self.g.call_module(target, (x_in, self.edge_index, self.edge_type), kwargs)
+
+    def _edge_data(
+        self, conv: nn.Module, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], where: str
+    ) -> tuple[tuple[str, str], ...]:
+        """``(conv parameter, edge column)`` of relation ``key``'s edge data: ``args``
+        follow ``(x, edge_index)`` positionally, ``kwargs`` by name (each value one
+        relation's rows of an edge data dict, the relation ``key``'s)."""
+        try:
+            names = list(inspect.signature(conv.forward).parameters)[2:]
+        except (TypeError, ValueError):
+            names = []
+        given = list(zip(names, args, strict=False)) + list(kwargs.items())
+        if len(args) > len(names):
+            raise _error(f"{where}: relation {key}'s conv takes {len(names) + 2} arguments")
+        out = []
+        for param, value in given:
+            v = self.values.get(value) if isinstance(value, fx.Node) else None
+            if v is None or v.kind != "edge_data" or v.payload[1] != tuple(key):
+                raise _error(
+                    f"{where}: relation {key}'s argument '{param}' is not its rows of a "
+                    "per-relation edge data dict (edge_attr_dict, edge_weight_dict)"
+                )
+            out.append((param, v.payload[0]))
+        return tuple(out)
 
     def _relation_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
         """One relation conv of a ``to_hetero`` model: ``conv((x_s, x_t), edge_index_r)`` or
         ``conv(x_t, edge_index_r)``, a one-relation :class:`HeteroLayer`."""
         where = f"conv '{node.target}' at {self._where(node)}"
-        if len(node.args) != 2 or node.kwargs:
-            raise _error(
-                f"{where} is called with more than (x, edge_index); per-relation edge data "
-                "is not served yet"
-            )
-        x_arg, edge_arg = node.args
+        if len(node.args) < 2:
+            raise _error(f"{where} must be called as conv(x, edge_index, ...)")
+        x_arg, edge_arg = node.args[:2]
         edges = self.values.get(edge_arg) if isinstance(edge_arg, fx.Node) else None
         if edges is None or edges.kind != "edges":
             raise _error(f"{where}: its graph argument is not one relation's edge_index")
@@ -507,7 +623,8 @@ class _Builder:
                     f"{where}: its {end} input is not node type {self.layout.names[t]!r}'s value"
                 )
         _check_relation_conv(conv, str(node.target), where)
-        call = RelationCall(key, rel, src, dst)
+        data = self._edge_data(conv, key, node.args[2:], dict(node.kwargs), where)
+        call = RelationCall(key, rel, src, dst, data)
         types = sorted({src, dst})
         widths = {t: int(self.shapes[a][-1]) for t, a in ((src, pair[0]), (dst, pair[1]))}
         out_width = tuple(self.shapes[node][1:])
@@ -716,4 +833,10 @@ def as_homogeneous(model: nn.Module, graph: Any) -> nn.Module:
             "types; build a typed store (GraphStore.from_pyg(HeteroData), from_hetero, "
             "hopserve ingest-typed)"
         )
-    return homogenize(model, layout)
+    columns = {}
+    features = getattr(graph, "edge_features", None)
+    if features is not None:
+        columns["features"] = int(features.shape[1])
+    if getattr(graph, "edge_weight", None) is not None:
+        columns["weight"] = 1
+    return homogenize(model, layout, columns)

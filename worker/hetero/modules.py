@@ -36,7 +36,22 @@ __all__ = [
     "TypedMerge",
     "TypedRows",
     "group_relations",
+    "relation_edge_data",
 ]
+
+
+def relation_edge_data(
+    call: RelationCall, columns: dict[str, Tensor | None], on: Tensor
+) -> dict[str, Tensor]:
+    """The edge data keywords of one relation conv: each column's rows of the edges ``on``
+    selects (the relation's)."""
+    out = {}
+    for param, column in call.edge_data:
+        values = columns.get(column)
+        if values is None:
+            raise ValueError(f"relation {call.key} takes edge data '{param}' ({column}), not given")
+        out[param] = values[on]
+    return out
 
 
 def group_relations(outs: list[Tensor], aggr: str) -> Tensor:
@@ -54,6 +69,7 @@ class RelationCall:
     relation: int  # the relation's id in the graph's edge_type column
     src: int  # source type index in the layout
     dst: int  # destination type index
+    edge_data: tuple[tuple[str, str], ...] = ()  # (conv parameter, edge column) pairs
 
 
 @contextlib.contextmanager
@@ -109,13 +125,23 @@ class HeteroLayer(nn.Module):
         self.out_shape = (int(out_width),) if isinstance(out_width, int) else tuple(out_width)
         self.out_width = self.out_shape[0]
         self.num_relations = len(layout.relations)  # the relation ids the edge column holds
+        self.edge_dim: int | None = None  # edge feature width, when relation convs read them
         by_dst: dict[int, list[int]] = {}
         for k, call in enumerate(self.calls):
             by_dst.setdefault(call.dst, []).append(k)
         self.by_dst = tuple((t, tuple(ks)) for t, ks in by_dst.items())
 
-    def forward(self, x: Tensor, edge_index: Tensor, edge_type: Tensor) -> Tensor:
-        """The layer on the whole graph: rows in storage order."""
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        edge_type: Tensor,
+        edge_attr: Tensor | None = None,
+        edge_weight: Tensor | None = None,
+    ) -> Tensor:
+        """The layer on the whole graph: rows in storage order; ``edge_attr`` /
+        ``edge_weight``: the store's edge columns, for relation convs taking edge data."""
+        columns = {"features": edge_attr, "weight": edge_weight}
         n = x.shape[0]
         types = self.layout.types_of(None, n, x.device)
         out = x.new_zeros((n, *self.out_shape))
@@ -126,12 +152,14 @@ class HeteroLayer(nn.Module):
             outs = []
             for k in ks:
                 call, conv = self.calls[k], self.convs[k]
-                ei = edge_index[:, edge_type == call.relation]
+                on = edge_type == call.relation
+                ei = edge_index[:, on]
+                kw = relation_edge_data(call, columns, on)
                 x_dst = x[:, : self.in_widths[call.dst]]
                 if call.src == call.dst:
-                    y = conv(x_dst, ei)
+                    y = conv(x_dst, ei, **kw)
                 else:
-                    y = conv((x[:, : self.in_widths[call.src]], x_dst), ei)
+                    y = conv((x[:, : self.in_widths[call.src]], x_dst), ei, **kw)
                 outs.append(y.index_select(0, rows))
             y = group_relations(outs, self.aggr)
             out[rows, : y.shape[1]] = y

@@ -334,7 +334,9 @@ def test_a_dict_model_on_an_untyped_store_is_refused():
         LayerwiseEvaluator(model.eval(), store, progress=False)
 
 
-def test_per_relation_edge_data_is_refused():
+def test_optional_edge_data_the_store_lacks_is_refused_not_left_out():
+    """A dict model whose forward takes per-relation edge weights (even with a default)
+    is never served without them: a store without edge weights is refused naming it."""
     data = _fake(0)
 
     class WithEdgeAttr(nn.Module):
@@ -348,7 +350,7 @@ def test_per_relation_edge_data_is_refused():
 
     model = WithEdgeAttr()
     _forward(model, data)
-    with pytest.raises(ModelTraceError, match="per-relation edge data"):
+    with pytest.raises(ModelTraceError, match=r"edge data 'edge_weight_dict'.*\(edge_weight\)"):
         LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
 
 
