@@ -15,8 +15,10 @@ of each edge, as DGL's RGCN example does on ``dgl.to_homogeneous``:
 * ``pyg`` — ``RGCNConv`` (bases, mean per relation) x L, relu between;
 * ``hgt`` — PyG ``HGTConv`` x L (2 heads), a dict model (``forward(x_dict,
   edge_index_dict)``) over the typed graph itself; hopserve runs each layer on every
-  batch's typed subgraph. DGL has no HGT of the same weights: PyG's full-graph forward is
-  the baseline.
+  batch's typed subgraph. PyG's full-graph forward is its baseline;
+* ``dgl-hgt`` — DGL ``HGTConv`` x L (2 heads), ``forward(g, x, ntype, etype)`` as DGL's
+  HGT example runs it on ``dgl.to_homogeneous`` (node type ids from the store's types),
+  against DGL's own layer-wise loop and full-graph forward.
 
 Methods (each in its own interpreter; peak RSS over the child's RSS before it opened the
 graph, against the memory model graph + features + two layers of ``hidden``-wide rows):
@@ -50,8 +52,9 @@ FULL = {
     "dgl": ("hopserve", "dgl-manual", "dgl-fullgraph"),
     "pyg": ("hopserve", "pyg-fullgraph"),
     "hgt": ("hopserve", "hgt-fullgraph"),
+    "dgl-hgt": ("hopserve", "dgl-manual", "dgl-hgt-fullgraph"),
 }
-MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT"}
+MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT", "dgl-hgt": "HGT"}
 CHILD_KEYS = ("hidden", "out_dim", "bases", "threads", "budget_mb")
 
 
@@ -85,6 +88,27 @@ def make_model(
                 return x_dict
 
         return HGT().eval()
+    if library == "dgl-hgt":
+        import dgl.nn as dglnn
+
+        class DGLHGT(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.convs = nn.ModuleList(
+                    dglnn.HGTConv(a, b // 2, 2, len(metadata[0]), rels)
+                    for a, b in zip(dims, dims[1:], strict=False)
+                )
+
+            def layer(self, i: int, g, h, ntype, etypes):
+                h = self.convs[i](g, h, ntype, etypes)
+                return h.relu() if i < len(self.convs) - 1 else h
+
+            def forward(self, g, x, ntype, etype):
+                for i in range(len(self.convs)):
+                    x = self.layer(i, g, x, ntype, etype)
+                return x
+
+        return DGLHGT().eval()
     if library == "dgl":
         import dgl.nn as dglnn
 
@@ -138,8 +162,9 @@ def external_graph(store):
     return store.features[order].float(), rank[ei[0]], rank[ei[1]], store.edge_type.long()
 
 
-def dgl_manual(model, g, x, etype, batch_size: int):
-    """DGL's RGCN example inference: layer by layer over full 1-hop blocks."""
+def dgl_manual(model, g, x, etype, batch_size: int, ntype=None):
+    """DGL's RGCN example inference: layer by layer over full 1-hop blocks (with
+    ``ntype``, each block's source rows' node types too: HGT)."""
     import dgl
     import torch
     from dgl.dataloading import DataLoader, MultiLayerFullNeighborSampler
@@ -155,7 +180,8 @@ def dgl_manual(model, g, x, etype, batch_size: int):
             y = None
             for input_nodes, output_nodes, blocks in loader:
                 block = blocks[0]
-                out = model.layer(i, block, h[input_nodes], etype[block.edata[dgl.EID]])
+                types = () if ntype is None else (ntype[input_nodes],)
+                out = model.layer(i, block, h[input_nodes], *types, etype[block.edata[dgl.EID]])
                 if y is None:
                     y = torch.empty(n, out.shape[1])
                 y[output_nodes] = out
@@ -238,22 +264,26 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         result["stages"] = harness.stage_seconds(
             ev.last_stats, ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s")
         )
-    elif method in ("dgl-fullgraph", "dgl-manual", "dgl-nodewise"):
+    elif method in ("dgl-fullgraph", "dgl-hgt-fullgraph", "dgl-manual", "dgl-nodewise"):
         import dgl
 
         x, src, dst, etype = external_graph(store)  # the baselines' own inputs count too
         g = dgl.graph((src, dst), num_nodes=store.num_nodes)
-        if method == "dgl-fullgraph":
+        ntype = None
+        if args.library == "dgl-hgt":  # node type of each external id
+            ntype = store.node_type_ids[store.sorted_external_order()]
+        types = () if ntype is None else (ntype,)
+        if method.endswith("fullgraph"):
             with torch.no_grad():
-                out, secs = harness.timed(lambda: model(g, x, etype), args.repeat)
+                out, secs = harness.timed(lambda: model(g, x, *types, etype), args.repeat)
         elif method == "dgl-manual":
             grid = {}
             for bs in args.batch_grid:
-                _, s1 = harness.timed(lambda bs=bs: dgl_manual(model, g, x, etype, bs), 1)
+                _, s1 = harness.timed(lambda bs=bs: dgl_manual(model, g, x, etype, bs, ntype), 1)
                 grid[bs] = round(s1[0], 3)
             best = min(grid, key=grid.get)
             out, secs = harness.timed(
-                lambda: dgl_manual(model, g, x, etype, best), max(1, args.repeat - 1)
+                lambda: dgl_manual(model, g, x, etype, best, ntype), max(1, args.repeat - 1)
             )
             secs.append(grid[best])
             result.update(batch_size=best, grid_seconds=grid)
