@@ -16,6 +16,8 @@ from support import assert_exact  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
+from hopserve.worker.convs.dgl_conv import DGLConvAdapter  # noqa: E402
+from hopserve.worker.convs.dgl_hgt import DGLHGTAdapter  # noqa: E402
 from hopserve.worker.engine.nodewise import NodewiseEvaluator  # noqa: E402
 from hopserve.worker.trace.tracer import ModelTraceError  # noqa: E402
 
@@ -78,8 +80,10 @@ def test_hgtconv_equals_its_full_graph_forward(seed, use_norm):
     store = GraphStore.from_dgl(hg)
     assert [t.name for t in store.node_types] == hg.ntypes
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=13, progress=False)  # self-check on
+    assert {type(a) for a in ev.split.adapters.values()} == {DGLHGTAdapter}
     assert_exact(ev.evaluate(), want, f"hgt seed={seed} full")
     assert ev.last_stats.batches > ev.num_layers
+    assert any(layer.gather_free for layer in ev.last_stats.layers)  # the table read in place
     n = want.shape[0]
     targets = torch.tensor([n - 1, 0, 61, 61, 100, n - 2])
     assert_exact(ev.evaluate(targets=targets), want[targets], f"hgt seed={seed} partial")
@@ -87,6 +91,28 @@ def test_hgtconv_equals_its_full_graph_forward(seed, use_norm):
         g = dgl.to_homogeneous(hg, ndata=["feat"])
         other = model(g, g.ndata["feat"], (g.ndata[dgl.NTYPE] + 1) % 3, g.edata[dgl.ETYPE])
     assert (other - want).abs().max() > 1e-2
+
+
+class OwnHGTConv(dglnn.HGTConv):
+    """A user's ``HGTConv`` with its own forward (the parent's, halved)."""
+
+    def forward(self, g, x, ntype, etype, *, presorted=False):
+        return 0.5 * super().forward(g, x, ntype, etype, presorted=presorted)
+
+
+def test_an_hgtconv_with_its_own_forward_runs_it_on_each_block():
+    hg = heterograph(3)
+    torch.manual_seed(0)
+    model = HGT(len(hg.ntypes), len(hg.etypes)).eval()
+    for name in ("conv1", "conv2"):
+        own = OwnHGTConv(D_IN if name == "conv1" else 8, 4 if name == "conv1" else 3, 2, 3, 4)
+        setattr(model, name, own.eval())
+    want = reference(model, hg)
+    ev = LayerwiseEvaluator(model, GraphStore.from_dgl(hg), init_batch_nodes=13, progress=False)
+    assert {type(a) for a in ev.split.adapters.values()} == {DGLConvAdapter}
+    assert_exact(ev.evaluate(), want, "own hgt full")
+    targets = torch.tensor([0, 61, 100, 100])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "own hgt partial")
 
 
 def test_hgtconv_through_the_nodewise_fallback():

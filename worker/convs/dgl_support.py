@@ -63,6 +63,19 @@ def _gat(conv: nn.Module) -> ConvAdapter:
     return DGLGATAdapter(conv)
 
 
+def _hgt(conv: nn.Module) -> ConvAdapter:
+    """``HGTConv`` as written: keys and values once per source row (``DGLHGTAdapter``); a
+    subclass with its own forward runs that forward on the block."""
+    import dgl.nn.pytorch as dglnn
+
+    from hopserve.worker.convs.dgl_conv import DGLConvAdapter
+    from hopserve.worker.convs.dgl_hgt import DGLHGTAdapter
+
+    if type(conv).forward is dglnn.HGTConv.forward and type(conv).message is dglnn.HGTConv.message:
+        return DGLHGTAdapter(conv)
+    return DGLConvAdapter(conv)
+
+
 def _pna(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_pna import DGLPNAAdapter
 
@@ -74,9 +87,10 @@ ROWS: dict[str, tuple[str, object, str]] = {
     # -- exact: the conv's own forward on the batch's block
     "HGTConv": (
         "exact",
-        _block,
+        _hgt,
         "typed attention over all in-edges (forward(g, x, ntype, etype)): node type ids "
-        "from a typed store's node types, relation ids from its edge types",
+        "from a typed store's node types, relation ids from its edge types; keys and values "
+        "once per source row, the relation maps on the destination side",
     ),
     "SAGEConv": (
         "exact",

@@ -1,0 +1,129 @@
+r"""DGL ``HGTConv`` (``conv(g, x, ntype, etype)``) on a batch: keys and values projected
+once per source row, the per-relation maps moved to the destination side.
+
+For an edge :math:`j \to i` of relation :math:`r`, head :math:`h` (:math:`D` = head size),
+with the per-node-type maps :math:`k_j = x_j K_{s}`, :math:`v_j = x_j V_{s}`,
+:math:`q_i = x_i Q_{t}` (``linear_k/v/q``, no bias), DGL's ``HGTConv`` computes
+
+.. math::
+    \sigma_{ij} = \frac{(k_j A_{h,r}) \cdot q_i \; \mu_{h,r}}{\sqrt D}, \quad
+    \alpha_{ij} = \operatorname{softmax}_{j \in N_{in}(i)} \sigma_{ij}, \quad
+    m_i = \sum_j \alpha_{ij}\, v_j M_{h,r}
+
+(``relation_att``, ``relation_pri``, ``relation_msg``; the softmax over all of ``i``'s
+in-edges). The relation maps are linear, so they move to the destinations:
+:math:`\sigma_{ij} = k_j \cdot (A_{h,r} q_i)\, \mu_{h,r} / \sqrt D` and
+:math:`m_i = \sum_r \big(\sum_{j \in N_r(i)} \alpha_{ij} v_j\big) M_{h,r}` — the same
+function, summed in another order. A source row is projected once and never per edge:
+on a full layer once per layer for the whole stored table (kept while the layer runs,
+read in place), on a gathered batch once per batch source; DGL's own forward multiplies
+every edge's key and value by its relation's matrices. Then, as ``HGTConv`` does,
+:math:`\mathrm{out}_i` = ``linear_a`` of :math:`m_i` by the destination's type, mixed with
+:math:`x_i` (or :math:`x_i W_{res}`) by the type's skip gate, then ``norm`` when set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
+
+__all__ = ["DGLHGTAdapter"]
+
+
+def _typed(linear: nn.Module, x: Tensor, types: Tensor) -> Tensor:
+    """DGL ``TypedLinear`` (no bias): row ``i`` times its type's matrix, one GEMM a type."""
+    weight = linear.get_weight()  # [num_types, in, out]
+    out = x.new_zeros(x.shape[0], weight.shape[2])
+    for t in torch.unique(types).tolist():
+        rows = (types == t).nonzero().squeeze(1)
+        out.index_copy_(0, rows, x.index_select(0, rows) @ weight[t])
+    return out
+
+
+def _edge_softmax(score: Tensor, index: Tensor, num: int) -> Tensor:
+    """Softmax of ``score`` ``[E, H]`` over the edges of each destination ``index``."""
+    top = score.new_full((num, score.shape[1]), -math.inf)
+    top.scatter_reduce_(0, index[:, None].expand_as(score), score, "amax", include_self=True)
+    e = (score - top.index_select(0, index)).exp()
+    total = score.new_zeros(num, score.shape[1]).index_add_(0, index, e)
+    return e / total.index_select(0, index)
+
+
+class DGLHGTAdapter(ConvAdapter):
+    """Runs DGL's ``HGTConv`` on a :class:`LayerBatch` (see the module doc)."""
+
+    accepts_edge_data = True  # node type ids and relation ids, from the store's columns
+
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__(conv)
+        self._tables = LayerTableCache()  # [k | v] of a full layer's stored table
+
+    @property
+    def supports_global_src(self) -> bool:
+        return True
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        return True  # the key/value table is derived from the whole stored table
+
+    def edge_bytes(self, src_row_bytes: int) -> int:
+        """Per in-edge: gathered keys, relation-mapped queries, their product, values and
+        the weighted values (five ``F``-wide rows)."""
+        width = self.conv.num_heads * self.conv.head_size
+        return 5 * max(src_row_bytes, 4 * width)
+
+    def _inputs(self, batch: LayerBatch) -> tuple[Tensor, Tensor]:
+        """(node type of each source row, relation id of each edge)."""
+        values = self.edge_values(batch)
+        columns = {inp.column: inp.param for inp in self.edge_inputs}
+        return values[columns["node_type"]], values[columns["type"]]
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        conv = self.conv
+        heads, dim = conv.num_heads, conv.head_size
+        f = heads * dim
+        ntype, etype = self._inputs(batch)
+        num_dst = batch.num_dst
+        src, dst = batch.src_index, batch.dst_index
+        if full_layer(batch):
+            params = (conv.linear_k.W, conv.linear_v.W)
+            key = (batch.layer, *((id(p), p._version) for p in params))
+            kv = self._tables.get(x, key, batch, lambda: self._keys_values(x, ntype))
+            dst_types = ntype.index_select(0, batch.dst_nodes.to(ntype.device))
+        else:
+            kv = self._keys_values(x, ntype)
+            dst_types = ntype[:num_dst]
+        x_dst = batch.dst_rows(x)
+        q = _typed(conv.linear_q, x_dst, dst_types).view(num_dst, heads, dim)
+        att = torch.stack([m.get_weight() for m in conv.relation_att])  # [H, R, D, D]
+        msg = torch.stack([m.get_weight() for m in conv.relation_msg])
+        pri = torch.stack(list(conv.relation_pri))  # [H, R]
+        num_rel = att.shape[1]
+        q_rel = torch.einsum("nhd,hrcd->nrhc", q, att)  # A_{h,r} q_i: [B, R, H, D]
+        slot = dst * num_rel + etype  # (destination, relation) of each edge
+        k_j = kv[:, :f].index_select(0, src).view(-1, heads, dim)
+        q_e = q_rel.reshape(num_dst * num_rel, heads, dim).index_select(0, slot)
+        score = (q_e * k_j).sum(-1) * pri.t().index_select(0, etype) / conv.sqrt_d
+        alpha = _edge_softmax(score, dst, num_dst)
+        v_j = kv[:, f:].index_select(0, src).view(-1, heads, dim)
+        agg = x.new_zeros(num_dst * num_rel, heads, dim)
+        agg.index_add_(0, slot, v_j * alpha.unsqueeze(-1))
+        m = torch.einsum("nrhc,hrcd->nhd", agg.view(num_dst, num_rel, heads, dim), msg)
+        h = conv.drop(_typed(conv.linear_a, m.reshape(num_dst, f), dst_types))
+        gate = torch.sigmoid(conv.skip.index_select(0, dst_types)).unsqueeze(-1)
+        if x_dst.shape != h.shape:
+            h = h * gate + (x_dst @ conv.residual_w) * (1 - gate)
+        else:
+            h = h * gate + x_dst * (1 - gate)
+        return conv.norm(h) if conv.use_norm else h
+
+    def _keys_values(self, x: Tensor, ntype: Tensor) -> Tensor:
+        """``[k | v]`` of rows ``x`` of node types ``ntype`` (``[rows, 2F]``)."""
+        return torch.cat(
+            [_typed(self.conv.linear_k, x, ntype), _typed(self.conv.linear_v, x, ntype)], 1
+        )
