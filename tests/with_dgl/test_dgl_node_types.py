@@ -139,3 +139,26 @@ def test_more_node_types_than_the_model_knows_are_refused():
     model = HGT(len(hg.ntypes) - 1, len(hg.etypes)).eval()
     with pytest.raises(ModelTraceError, match="3 node types .* has weights for 2"):
         LayerwiseEvaluator(model, GraphStore.from_dgl(hg), progress=False)
+
+
+def test_a_heterograph_with_per_etype_edge_features_fills_the_store_edge_column():
+    """Each edge type's ``edata['feat']`` lands on its edges: the store's (source,
+    destination, relation, features) rows are ``dgl.to_homogeneous``'s."""
+    hg = heterograph(4)
+    gen = torch.Generator().manual_seed(9)
+    for c in hg.canonical_etypes:
+        hg.edges[c].data["feat"] = torch.randn(hg.num_edges(c), 2, generator=gen)
+    store = GraphStore.from_dgl(hg)
+    homo = dgl.to_homogeneous(hg, ndata=["feat"], edata=["feat"])
+    src, dst = homo.edges()
+
+    def rows(s, d, t, f):
+        return sorted(zip(s.tolist(), d.tolist(), t.tolist(), map(tuple, f.tolist()), strict=True))
+
+    ext = store.to_external(store.edge_index())
+    got = rows(ext[0], ext[1], store.edge_type, store.edge_features)
+    assert got == rows(src, dst, homo.edata[dgl.ETYPE], homo.edata["feat"])
+    del hg.edges[RELATIONS[1]].data["feat"]
+    with pytest.raises(ValueError, match="edge_attr_dict has no rows for relation"):
+        GraphStore.from_dgl(hg)
+    assert GraphStore.from_dgl(hg, edge_feature_key=None).edge_features is None

@@ -350,7 +350,9 @@ class GraphStore:
         """Build from a ``dgl.DGLGraph`` (edges, ``ndata`` features and labels, ``edata``
         weights and features). A heterograph (several node or edge types) becomes a typed
         store (:mod:`~.node_types`: ``feature_key`` per node type, default ``"feat"``;
-        ``label_key`` labels; the homogeneous form is ``dgl.to_homogeneous``'s).
+        ``label_key`` labels; each edge type's ``edata`` weights and features under the
+        keys below, which every edge type must then have; the homogeneous form is
+        ``dgl.to_homogeneous``'s).
 
         Node ``i`` of ``g`` keeps external ID ``i`` (unless ``node_ids=`` is given); edge
         direction is DGL's (``g.edges()[0]`` is the source); edge ``e`` keeps its ``edata``
@@ -387,6 +389,24 @@ class GraphStore:
                 for t in ntypes
                 if label_key and label_key in g.nodes[t].data
             }
+            for arg, key, auto in (
+                ("edge_weight_dict", edge_weight_key, ("weight", "w", "edge_weight")),
+                ("edge_attr_dict", edge_feature_key, ("feat", "h", "edge_attr")),
+            ):  # per-etype edata: every relation's rows (from_hetero checks them)
+                if arg in kw or key is None:
+                    continue
+                present = {k for c in etypes for k in g.edges[c].data.keys()}  # noqa: SIM118
+                if key == "auto":
+                    key = next((k for k in auto if k in present), None)
+                    if key is None:
+                        continue
+                elif key not in present:
+                    raise ValueError(
+                        f"no edge type has edata {key!r} (edata keys: {sorted(present)})"
+                    )
+                kw[arg] = {
+                    c: g.edges[c].data[key].detach().cpu() for c in etypes if key in g.edges[c].data
+                }
             return cls.from_hetero(
                 {t: v.detach().cpu() for t, v in feats.items()},
                 {c: torch.stack([s.long(), d.long()]).cpu() for c in etypes
