@@ -267,10 +267,7 @@ def test_hgt_runs_on_the_destination_side_adapter():
 
 def test_an_hgtconv_subclass_with_its_own_forward_is_refused_naming_it():
     data = _fake(0)
-    model = HGT(data.metadata(), H, OwnHGTConv)
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match="OwnHGTConv.*takes per-type dicts"):
-        LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    assert_refused(HGT(data.metadata(), H, OwnHGTConv), data, "OwnHGTConv.*takes per-type dicts")
 
 
 @settings(
@@ -287,41 +284,39 @@ def test_to_hetero_equals_its_forward_on_random_typed_graphs(data, aggr):
     check_dict_model(model, data, f"to_hetero aggr={aggr}")
 
 
+class OneConv(nn.Module):
+    """A dict model of one dict conv, ``conv(x_dict, edge_index_dict)``, then ``then`` (a
+    function of the output dict) when given."""
+
+    def __init__(self, conv: nn.Module, then=None) -> None:  # noqa: ANN001 - a callable
+        super().__init__()
+        self.conv, self.then = conv, then
+
+    def forward(self, x_dict, edge_index_dict):
+        out = self.conv(x_dict, edge_index_dict)
+        return out if self.then is None else self.then(out)
+
+
+def assert_refused(model: nn.Module, data: HeteroData, match: str) -> None:
+    """The model runs on ``data`` itself, and hopserve refuses it at load, saying ``match``."""
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match=match):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+
+
 def test_mixing_two_types_is_refused_naming_the_op():
     data = _fake(0)
     a, b = data.node_types[:2]
-
-    class Mix(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in data.edge_types})
-
-        def forward(self, x_dict, edge_index_dict):
-            out = self.conv(x_dict, edge_index_dict)
-            return out[a][:3] + out[b][:3]
-
-    model = Mix()
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match=rf"mixes the values of node types \['{a}', '{b}'\]"):
-        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+    conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in data.edge_types})
+    model = OneConv(conv, then=lambda out: out[a][:3] + out[b][:3])
+    assert_refused(model, data, rf"mixes the values of node types \['{a}', '{b}'\]")
 
 
 def test_a_relation_conv_needing_degrees_is_refused_naming_it():
     data = _fake(0)
     same = next(et for et in data.edge_types if et[0] == et[2])
-
-    class WithGCN(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = pyg.HeteroConv({same: pyg.GCNConv(-1, H)})
-
-        def forward(self, x_dict, edge_index_dict):
-            return self.conv(x_dict, edge_index_dict)
-
-    model = WithGCN()
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match="GCNConv.*whole-graph statistic"):
-        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+    model = OneConv(pyg.HeteroConv({same: pyg.GCNConv(-1, H)}))
+    assert_refused(model, data, "GCNConv.*whole-graph statistic")
 
 
 def test_a_dict_model_on_an_untyped_store_is_refused():
@@ -348,24 +343,10 @@ def test_optional_edge_data_the_store_lacks_is_refused_not_left_out():
             weights = {} if edge_weight_dict is None else edge_weight_dict
             return self.conv(x_dict, edge_index_dict, edge_weight_dict=weights)
 
-    model = WithEdgeAttr()
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match=r"edge data 'edge_weight_dict'.*\(edge_weight\)"):
-        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+    assert_refused(WithEdgeAttr(), data, r"edge data 'edge_weight_dict'.*\(edge_weight\)")
 
 
 def test_han_is_refused_naming_its_global_attention():
     data = _fake(0)
-
-    class HAN(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = pyg.HANConv(-1, H, data.metadata())
-
-        def forward(self, x_dict, edge_index_dict):
-            return self.conv(x_dict, edge_index_dict)
-
-    model = HAN()
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match="HANConv.*averages a score over every node"):
-        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+    model = OneConv(pyg.HANConv(-1, H, data.metadata()))
+    assert_refused(model, data, "HANConv.*averages a score over every node")
