@@ -24,12 +24,11 @@ every edge's key and value by its relation's matrices. Then, as ``HGTConv`` does
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.convs.dgl_conv import dgl_block
 from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
 
 __all__ = ["DGLHGTAdapter"]
@@ -43,15 +42,6 @@ def _typed(linear: nn.Module, x: Tensor, types: Tensor) -> Tensor:
         rows = (types == t).nonzero().squeeze(1)
         out.index_copy_(0, rows, x.index_select(0, rows) @ weight[t])
     return out
-
-
-def _edge_softmax(score: Tensor, index: Tensor, num: int) -> Tensor:
-    """Softmax of ``score`` ``[E, H]`` over the edges of each destination ``index``."""
-    top = score.new_full((num, score.shape[1]), -math.inf)
-    top.scatter_reduce_(0, index[:, None].expand_as(score), score, "amax", include_self=True)
-    e = (score - top.index_select(0, index)).exp()
-    total = score.new_zeros(num, score.shape[1]).index_add_(0, index, e)
-    return e / total.index_select(0, index)
 
 
 class DGLHGTAdapter(ConvAdapter):
@@ -84,6 +74,8 @@ class DGLHGTAdapter(ConvAdapter):
         return values[columns["node_type"]], values[columns["type"]]
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        import dgl
+
         conv = self.conv
         heads, dim = conv.num_heads, conv.head_size
         f = heads * dim
@@ -109,7 +101,7 @@ class DGLHGTAdapter(ConvAdapter):
         k_j = kv[:, :f].index_select(0, src).view(-1, heads, dim)
         q_e = q_rel.reshape(num_dst * num_rel, heads, dim).index_select(0, slot)
         score = (q_e * k_j).sum(-1) * pri.t().index_select(0, etype) / conv.sqrt_d
-        alpha = _edge_softmax(score, dst, num_dst)
+        alpha = dgl.ops.edge_softmax(dgl_block(batch), score)  # over each dst's in-edges
         v_j = kv[:, f:].index_select(0, src).view(-1, heads, dim)
         agg = x.new_zeros(num_dst * num_rel, heads, dim)
         agg.index_add_(0, slot, v_j * alpha.unsqueeze(-1))
