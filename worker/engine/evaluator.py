@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.proto.contract import BlockInfo, RunStats, validate_fanouts
+from hopserve.worker.convs.base import served_edge_values
 from hopserve.worker.engine.batching import BatchSizer
 from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.engine.layer_cache import LayerReuse
@@ -247,8 +248,7 @@ class LayerwiseEvaluator:
         edge = {}
         for arg, column in self.split.edge_args.items():
             values = getattr(self.graph, EDGE_COLUMNS[column])
-            empty = values[:0].to(self.device)
-            edge[arg] = empty.long() if column in ("type", "node_type") else empty
+            edge[arg] = served_edge_values(column, values[:0].to(self.device))
         x = self.graph.features[:0].to(self.device, torch.float32)
         ei = torch.zeros(2, 0, dtype=torch.long, device=self.device)
         with torch.no_grad():

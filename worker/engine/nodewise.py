@@ -303,13 +303,11 @@ class NodewiseEvaluator:
         extra = graph.num_edges() - src.numel()  # the sink's edges: neutral edge data
         # The sink's edges get neutral edge data (weight 1, zero features, relation 0) and
         # the sink node type 0: they only reach the sink and the ring.
-        edge = {
-            arg: torch.cat(
-                [v, _neutral_edge_rows(column, v, 1 if column in NODE_COLUMNS else extra)]
-            )
-            for arg, v in (edge or {}).items()
-            for column in (self.edge_args[arg],)
-        }
+        edge = dict(edge or {})
+        for arg, v in edge.items():
+            column = self.edge_args[arg]
+            count = 1 if column in NODE_COLUMNS else extra
+            edge[arg] = torch.cat([v, _neutral_edge_rows(column, v, count)])
         with torch.no_grad():
             return self.model(graph.to(self.device), x, **edge)[:sink]
 
