@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
-from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
+from hopserve.worker.convs.layer_table import LayerTableCache, csr_weighted_sum, full_layer
 
 # Input-wide rows per edge of convs that keep several per-edge tensors (HGT: gathered
 # keys, queries and values, and the relation-mapped keys and messages); default one.
@@ -111,18 +111,6 @@ def _spmm_block_class() -> type:
             return None
 
     return HopserveBlock
-
-
-def csr_weighted_sum(
-    indptr: Tensor, indices: Tensor, values: Tensor, dense: Tensor, size: tuple[int, int]
-) -> Tensor:
-    """``out[v] = sum_{k in indptr[v]:indptr[v+1]} values[k] * dense[indices[k]]``: DGL's
-    ``u_mul_e_sum`` on a CSC block, as a torch CSR SpMM (DGL 2.1's CPU ``u_mul_e`` kernel
-    is several times slower than its ``copy_u`` one, and converts each new block first)."""
-    adj = torch.sparse_csr_tensor(
-        indptr, indices, values.contiguous(), size=size, check_invariants=False
-    )
-    return adj @ dense
 
 
 def _u_mul_e_sum(graph, mfunc, rfunc) -> Tensor | None:

@@ -13,16 +13,31 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import LayerBatch
 
-__all__ = ["LayerTableCache", "full_layer"]
+__all__ = ["LayerTableCache", "csr_weighted_sum", "full_layer"]
 
 
 def full_layer(batch: LayerBatch) -> bool:
     """Whether ``batch`` belongs to a full gather-free layer (all nodes, storage order)."""
     return batch.global_src_size is not None and batch.dst_start is not None
+
+
+def csr_weighted_sum(
+    indptr: Tensor, indices: Tensor, values: Tensor, dense: Tensor, size: tuple[int, int]
+) -> Tensor:
+    """``out[v] = sum_{k in indptr[v]:indptr[v+1]} values[k] * dense[indices[k]]``: one
+    torch CSR SpMM reading ``dense`` (a layer's table) in place. DGL's ``u_mul_e_sum`` on
+    a CSC block (DGL 2.1's CPU ``u_mul_e`` kernel is several times slower than its
+    ``copy_u`` one, and converts each new block first), and an attention conv's weighted
+    sum of one head."""
+    adj = torch.sparse_csr_tensor(
+        indptr, indices, values.contiguous(), size=size, check_invariants=False
+    )
+    return adj @ dense
 
 
 def _last_of_layer(batch: LayerBatch) -> bool:

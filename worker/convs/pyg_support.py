@@ -79,6 +79,13 @@ def _rgcn(conv: nn.Module) -> ConvAdapter:
     return RGCNAdapter(conv)
 
 
+def _gat(conv: nn.Module) -> ConvAdapter:
+    """``GATConv``: full layers project sources once per layer (:mod:`.gat`)."""
+    from hopserve.worker.convs.gat import GATAdapter
+
+    return GATAdapter(conv)
+
+
 def _gcn(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.gcn import GCNAdapter
 
@@ -121,7 +128,12 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "SAGEConv": ("exact", _pair, "mean/max/sum/lstm; fused SpMM for sum/mean"),
     "GraphConv": ("exact", _pair, "fused SpMM for sum/mean" + EDGE_DATA),
     "GINConv": ("exact", _pair, "fused SpMM for sum/mean"),
-    "GATConv": ("exact", _pair, "multi-head; self-loops per destination" + EDGE_DATA),
+    "GATConv": (
+        "exact",
+        _gat,
+        "multi-head; self-loops per destination; full layers project sources once per "
+        "layer" + EDGE_DATA,
+    ),
     "GATv2Conv": ("exact", _pair, "multi-head; self-loops per destination" + EDGE_DATA),
     "TransformerConv": ("exact", _pair, "multi-head attention over in-neighbours" + EDGE_DATA),
     "EdgeConv": ("exact", _pair, "max over in-neighbours of MLP(x_i, x_j - x_i)"),

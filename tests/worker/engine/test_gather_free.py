@@ -65,9 +65,11 @@ def test_partial_evaluation_gathers(graph):
     assert not ev.last_stats.layers[-1].gather_free  # V^L is a subset: stored by position
 
 
-def test_attention_convs_always_gather(graph):
+def test_attention_convs_without_a_full_layer_path_gather(graph):
+    """GATv2 scores each edge from both endpoints' projected rows: it runs its own forward
+    on gathered rows (GATConv's full layers read a source table: tests/worker/convs)."""
     _, _, store = graph
-    ev = LayerwiseEvaluator(build("gat", 6), store)
+    ev = LayerwiseEvaluator(build("gatv2", 6), store)
     ev.evaluate()
     assert not any(layer.gather_free for layer in ev.last_stats.layers)
 

@@ -1,0 +1,145 @@
+r"""PyG ``GATConv`` with its source side computed once per full layer.
+
+.. math::
+    h_v' = b + r(x_v) + \Big\Vert_{h} \sum_{u \in N_{in}(v) \cup \{v\}} \alpha^h_{uv}\,
+    \Theta^h x_u,\quad
+    \alpha^h_{uv} = \operatorname{softmax}_{u}\big(\mathrm{LeakyReLU}(a^{h\top}_{src}
+    \Theta^h x_u + a^{h\top}_{dst} \Theta^h_{dst} x_v)\big)
+
+(``concat=False`` averages the heads instead of concatenating them; with
+``add_self_loops`` the destination's own self-loops are replaced by one.)
+
+On a full layer (every node a destination, sources read in place by storage id) the
+source side — the projection :math:`\Theta^h x_u` and its logit :math:`a^{h\top}_{src}
+\Theta^h x_u`, per head — is the same for every batch of the layer, so it is computed once
+per layer for all ``N`` rows (:class:`~.layer_table.LayerTableCache`), as the model's
+whole-graph forward does; each batch then takes its destinations' rows of it, the
+softmax over each destination's in-edges and its one self-loop, and one SpMM per head
+reading the projected table in place. Otherwise the conv's own forward runs on the
+batch's gathered rows (:class:`~.message_passing.MessagePassingAdapter`), which is how a
+partial frontier always runs: a few rows must not pay for the whole table.
+
+These are the steps of ``GATConv.forward`` (PyG 2.8) in its order; the path is taken only
+for the class's own ``forward``/``message``/``edge_update``, in eval mode (or without
+dropout) and without edge features.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from hopserve.worker.convs.base import LayerBatch
+from hopserve.worker.convs.layer_table import LayerTableCache, csr_weighted_sum, full_layer
+from hopserve.worker.convs.message_passing import MessagePassingAdapter
+
+__all__ = ["GATAdapter"]
+
+
+def _plain_gat(conv: nn.Module) -> bool:
+    from torch_geometric.nn import GATConv
+
+    cls = type(conv)
+    return all(
+        getattr(cls, name) is getattr(GATConv, name)
+        for name in ("forward", "message", "edge_update")
+    )
+
+
+class GATAdapter(MessagePassingAdapter):
+    """``torch_geometric.nn.GATConv`` on a batch; full layers read a once-per-layer
+    source table (see the module doc)."""
+
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__(conv, pair=True)
+        self._source = LayerTableCache()  # (Θ x per head [H, N, C], source logits [N, H])
+
+    @property
+    def _full_layer_path(self) -> bool:
+        conv = self.conv
+        return (
+            _plain_gat(conv)
+            and (not conv.training or conv.dropout == 0.0)
+            and not self.edge_inputs
+            and not conv.explain  # explainers read the attention PyG's propagate stores
+        )
+
+    @property
+    def supports_global_src(self) -> bool:
+        return self._full_layer_path
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        return True
+
+    def edge_bytes(self, src_row_bytes: int) -> int:
+        if not self._full_layer_path:
+            return super().edge_bytes(src_row_bytes)
+        # destination index, loop mask; logits, exponentials, weights and one CSR value
+        # per head
+        return 9 + 16 * int(self.conv.heads)
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        if full_layer(batch) and self._full_layer_path:
+            return self._run_full_layer(x, batch)
+        return super().run(x, batch)
+
+    def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        conv = self.conv
+        heads, width = conv.heads, conv.out_channels
+        lin_src = conv.lin if conv.lin is not None else conv.lin_src
+        lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
+
+        def make() -> tuple[Tensor, Tensor]:
+            proj = lin_src(x).view(x.shape[0], heads, width)
+            logit = (proj * conv.att_src).sum(dim=-1)
+            return proj.transpose(0, 1).contiguous(), logit  # one contiguous [N, C] per head
+
+        params = (*lin_src.parameters(), conv.att_src)
+        key = (batch.layer, *((id(p), p._version) for p in params))
+        table, src_logit = self._source.get(x, key, batch, make)
+
+        a, b = batch.dst_start, batch.dst_start + batch.num_dst
+        x_dst = batch.dst_rows(x)
+        if conv.lin is not None:
+            proj_dst = table[:, a:b].transpose(0, 1)  # [B, H, C]
+        else:
+            proj_dst = lin_dst(x_dst).view(-1, heads, width)
+        dst_logit = (proj_dst * conv.att_dst).sum(dim=-1)  # [B, H]
+
+        src, dst = batch.src_index, batch.dst_index
+        edge = nn.functional.leaky_relu(
+            src_logit.index_select(0, src) + dst_logit.index_select(0, dst), conv.negative_slope
+        )
+        if conv.add_self_loops:  # the destination's own loops give way to one new loop
+            edge = edge.masked_fill((src == dst + a).unsqueeze(1), float("-inf"))
+            loop = nn.functional.leaky_relu(src_logit[a:b] + dst_logit, conv.negative_slope)
+            peak = loop.clone()
+        else:
+            loop = None
+            peak = torch.full_like(dst_logit, float("-inf"))
+        # softmax over each destination's in-edges (and loop), as PyG's softmax computes it
+        index = dst.unsqueeze(1).expand_as(edge)
+        peak.scatter_reduce_(0, index, edge, "amax", include_self=True)
+        edge = (edge - peak.index_select(0, dst)).exp()
+        total = torch.zeros_like(dst_logit).index_add_(0, dst, edge)
+        if loop is not None:
+            loop = (loop - peak).exp()
+            total += loop
+        total += 1e-16
+        edge /= total.index_select(0, dst)
+
+        size = (batch.num_dst, x.shape[0])
+        heads_out = []
+        for h in range(heads):
+            out_h = csr_weighted_sum(batch.indptr, src, edge[:, h], table[h], size)
+            if loop is not None:
+                out_h += (loop[:, h] / total[:, h]).unsqueeze(1) * table[h, a:b]
+            heads_out.append(out_h)
+        out = torch.stack(heads_out, dim=1)  # [B, H, C]
+        out = out.reshape(batch.num_dst, heads * width) if conv.concat else out.mean(dim=1)
+        if conv.res is not None:
+            out = out + conv.res(x_dst)
+        if conv.bias is not None:
+            out = out + conv.bias
+        return out
