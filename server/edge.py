@@ -585,9 +585,9 @@ def _batch_key(model: ServedModel, options: pb.QueryOptions) -> BatchKey:
 
 
 def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.ndarray:
-    """``node_type``'s own IDs (``0..count-1``) -> store-wide IDs (``offset + id``), which
-    key the cache and the invalidation; a type the graph lacks or IDs beyond the type's
-    count are INVALID_ARGUMENT naming them."""
+    """``node_type``'s IDs (its own, or ``0..count-1``) -> store-wide IDs, which key the
+    cache and the invalidation; a type the graph lacks or IDs the type does not have are
+    INVALID_ARGUMENT naming them."""
     types = {t.name: t for t in model.topology.meta.node_types or ()}
     t = types.get(node_type)
     if t is None:
@@ -600,14 +600,19 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
             f"model {model.name!r} outputs embeddings of node types "
             f"{', '.join(model.output_types)} only, not {quote(node_type)}"
         )
-    bad = (ids < 0) | (ids >= t.count)
-    if bad.any():
-        raise InvalidRequestError(
-            f"model {model.name!r}: {int(bad.sum())} of {len(ids)} requested "
-            f"{quote(node_type)} node IDs are not in the graph (its {t.count} IDs are "
-            f"0..{t.count - 1}): {format_bad_ids(ids, bad)}"
+    store_wide, found = model.topology.find_typed(ids, node_type)
+    if not found.all():
+        known = (
+            f"its {t.count} IDs are its own"
+            if model.topology.type_node_ids is not None
+            else f"its {t.count} IDs are 0..{t.count - 1}"
         )
-    return ids + t.offset
+        raise InvalidRequestError(
+            f"model {model.name!r}: {int((~found).sum())} of {len(ids)} requested "
+            f"{quote(node_type)} node IDs are not in the graph ({known}): "
+            f"{format_bad_ids(ids, ~found)}"
+        )
+    return store_wide
 
 
 def _check_output_types(model: ServedModel, ids: np.ndarray) -> None:

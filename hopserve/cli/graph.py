@@ -494,11 +494,20 @@ def ingest_typed_cmd(
         typer.Option(
             "--edges",
             help="SRC:RELATION:DST=edge file, one per relation (repeat); endpoints are the "
-            "types' own indices 0..N_t-1; any format and edge data columns of `ingest`.",
+            "types' node IDs (--node-ids, else row indices 0..N_t-1); any format and edge "
+            "data columns of `ingest`.",
         ),
     ],
     labels: Annotated[
         list[str] | None, typer.Option("--labels", help="TYPE=labels.npy [N_t] (repeat).")
+    ] = None,
+    node_ids: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-ids",
+            help="TYPE=ids.npy [N_t]: the type's own node IDs, distinct within it (repeat); "
+            "typed requests name its nodes by them.",
+        ),
     ] = None,
     edge_data: Annotated[
         EdgeData, typer.Option("--edge-data", help="As for `ingest`.")
@@ -518,10 +527,12 @@ def ingest_typed_cmd(
     node_files = _pairs(nodes, "--nodes", 1)
     edge_files = _pairs(edges, "--edges", 3)
     label_files = _pairs(labels or [], "--labels", 1)
+    id_files = _pairs(node_ids or [], "--node-ids", 1)
     delim = _parse_delimiter(delimiter)
     store = _run(
         lambda: ingest_typed(
-            node_files, edge_files, out=out, labels=label_files or None, reorder=reorder.value,
+            node_files, edge_files, out=out, labels=label_files or None,
+            node_ids=id_files or None, reorder=reorder.value,
             delimiter=delim, skip_header=skip_header, edge_data=edge_data.value, overwrite=force,
             progress=progress,
         )

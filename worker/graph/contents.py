@@ -39,6 +39,8 @@ from hopserve.worker.graph.format import (
     INDPTR_FILE,
     LABELS_FILE,
     NODE_IDS_FILE,
+    TYPE_IDS_FORMAT_VERSION,
+    TYPE_NODE_IDS_FILE,
     TYPED_FORMAT_VERSION,
     GraphFlags,
     GraphMeta,
@@ -147,6 +149,7 @@ class StoreContents:
     edge_type: np.ndarray | None = None  # int16 [E] relation ids
     relations: list[str] | None = None  # relation names by id (with edge_type)
     node_types: list[Any] | None = None  # NodeTypeInfo per type, in id order
+    type_node_ids: np.ndarray | None = None  # int64 [N]: each node's ID within its type
 
     @property
     def num_nodes(self) -> int:
@@ -192,6 +195,9 @@ class StoreContents:
         if self.node_types is not None:
             fields["format_version"] = TYPED_FORMAT_VERSION
             fields["node_types"] = [t.model_dump() for t in self.node_types]
+        if self.type_node_ids is not None:  # absent otherwise: v3 stores hash as before
+            fields["format_version"] = TYPE_IDS_FORMAT_VERSION
+            fields["has_type_node_ids"] = True
         return fields
 
     def feature_chunks(self, *, progress: bool = False) -> Iterator[tuple[int, np.ndarray]]:
@@ -219,6 +225,8 @@ class StoreContents:
             h.array("edge_features", self.edge_features)
             if self.edge_type is not None:
                 h.array("edge_type", self.edge_type)
+            if self.type_node_ids is not None:
+                h.array("type_node_ids", self.type_node_ids)
         h.begin("features", self.features.dtype, (self.num_nodes, self.features.dim))
         return h
 
@@ -235,6 +243,7 @@ def contents_from_csc(
     edge_type: np.ndarray | None = None,
     relations: list[str] | None = None,
     node_types: list[Any] | None = None,
+    type_node_ids: np.ndarray | None = None,
 ) -> StoreContents:
     """Pair a CSC with features/labels/external IDs given in INPUT order.
 
@@ -246,7 +255,8 @@ def contents_from_csc(
     does ``edge_type`` ``[E]`` (relation ids or names, see
     :func:`~.relations.relation_ids`; ``relations`` names them). ``node_types``
     (:class:`~.node_types.NodeTypeInfo` per type, input id ranges) must be kept by the
-    CSC's permutation (built with ``node_groups``).
+    CSC's permutation (built with ``node_groups``); ``type_node_ids`` ``[N]`` (per input
+    node, its ID within its type: :func:`~.node_types.check_type_node_ids`) follow it.
 
     Raises:
         ValueError: bad shapes or values (naming the first bad row or edge).
@@ -284,6 +294,13 @@ def contents_from_csc(
                     f"got [{edge_type.size}]"
                 )
             edge_type = edge_type[order]
+    if type_node_ids is not None:
+        from hopserve.worker.graph.node_types import check_type_node_ids
+
+        if node_types is None:
+            raise ValueError("type_node_ids are the IDs within node types, which are missing")
+        type_node_ids = check_type_node_ids(type_node_ids, node_types)
+        type_node_ids = type_node_ids if perm is None else type_node_ids[perm]
     return StoreContents(
         indptr=csc.indptr,
         indices=csc.indices,
@@ -298,6 +315,7 @@ def contents_from_csc(
         edge_type=edge_type,
         relations=relations,
         node_types=_kept_node_types(node_types, perm),
+        type_node_ids=type_node_ids,
     )
 
 
@@ -328,6 +346,7 @@ class GraphArrays:
     edge_weight: np.ndarray | None = None
     edge_features: np.ndarray | None = None
     edge_type: np.ndarray | None = None
+    type_node_ids: np.ndarray | None = None
 
 
 def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArrays:
@@ -357,6 +376,7 @@ def materialize(contents: StoreContents, *, progress: bool = False) -> GraphArra
         contents.edge_weight,
         contents.edge_features,
         contents.edge_type,
+        contents.type_node_ids,
     )
 
 
@@ -388,6 +408,8 @@ def write_contents(
             _save(tmp / EDGE_FEATURES_FILE, contents.edge_features.astype(np.float32, copy=False))
         if contents.edge_type is not None:
             _save(tmp / EDGE_TYPE_FILE, contents.edge_type.astype(EDGE_TYPE_DTYPE, copy=False))
+        if contents.type_node_ids is not None:
+            _save(tmp / TYPE_NODE_IDS_FILE, contents.type_node_ids.astype(np.int64, copy=False))
         shape = (contents.num_nodes, contents.features.dim)
         if shape[0] * shape[1] == 0:  # numpy cannot memory-map an empty array
             _save(tmp / FEATURES_FILE, np.zeros(shape, dtype=contents.features.dtype))

@@ -16,13 +16,18 @@ A graph store is a directory holding ``meta.json`` plus ``.npy`` arrays, all in 
 - ``edge_features.npy`` float32 ``[E, d_e]`` (optional): edge feature rows, in CSC order.
 - ``edge_type.npy``     int16 ``[E]`` (optional): the relation id of each edge, in CSC order;
   ``relations`` in the meta names them (id ``r`` is ``relations[r]``).
+- ``type_node_ids.npy`` int64 ``[N]`` (optional, typed stores): each storage node's ID in
+  its own type's ID space (distinct within a type, repeats across types allowed); absent
+  means a type's IDs are ``0..count-1``.
 
 A store with typed node sets (``node_types`` in the meta: name, offset, count and feature
 width of each type, see :mod:`~.node_types`) is format version 3; without them a store
 holding edge columns is written as format version 2 (``has_edge_weight`` /
 ``edge_feature_dim`` / ``relations`` in the meta), so a hopserve that predates them refuses it instead of
 serving the graph without its edge data; a store without them stays version 1, with the
-same meta and content hash as before.
+same meta and content hash as before. A typed store whose types have their own external ID
+spaces (``has_type_node_ids``) is format version 4, so a hopserve that predates them refuses
+it instead of reading its IDs as ``0..count-1``.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "EDGE_WEIGHT_FILE",
     "EDGE_FEATURES_FILE",
     "EDGE_TYPE_FILE",
+    "TYPE_NODE_IDS_FILE",
     "GraphFlags",
     "GraphMeta",
     "indices_dtype_for",
@@ -68,8 +74,10 @@ LABELS_FILE = "labels.npy"
 EDGE_WEIGHT_FILE = "edge_weight.npy"
 EDGE_FEATURES_FILE = "edge_features.npy"
 EDGE_TYPE_FILE = "edge_type.npy"
+TYPE_NODE_IDS_FILE = "type_node_ids.npy"
 EDGE_FORMAT_VERSION = 2  # a store with edge columns; 1 without (unchanged)
 TYPED_FORMAT_VERSION = 3  # a store with node types (and its relations)
+TYPE_IDS_FORMAT_VERSION = 4  # a typed store whose types have their own ID spaces
 
 Ordering = Literal["rcmk", "identity"]
 FeatureDtype = Literal["float32", "float16"]
@@ -101,7 +109,7 @@ class GraphMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    format_version: Literal[1, 2, 3] = FORMAT_VERSION
+    format_version: Literal[1, 2, 3, 4] = FORMAT_VERSION
     num_nodes: int = Field(ge=0)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=0)
@@ -128,6 +136,9 @@ class GraphMeta(BaseModel):
         min_length=1,
         description="typed node sets as storage-id ranges (v3); None: one untyped set",
     )
+    has_type_node_ids: bool = Field(
+        default=False, description="type_node_ids.npy [N]: each type's own IDs (v4)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphMeta:
@@ -146,17 +157,23 @@ class GraphMeta(BaseModel):
                 check_typed_relations,
             )
 
-            if self.format_version != TYPED_FORMAT_VERSION:
+            want = TYPE_IDS_FORMAT_VERSION if self.has_type_node_ids else TYPED_FORMAT_VERSION
+            if self.format_version != want:
                 raise ValueError(
                     f"format_version {self.format_version} with node_types: version 3 "
-                    "exactly when node types are present"
+                    "exactly when node types are present, 4 when they have their own IDs "
+                    f"(has_type_node_ids={self.has_type_node_ids})"
                 )
             check_node_types(self.node_types, self.num_nodes, self.feature_dim)
             if self.relations is None:
                 raise ValueError("a store with node_types needs relations (typed edges)")
             check_typed_relations(self.relations, [t.name for t in self.node_types])
-        elif self.format_version == TYPED_FORMAT_VERSION:
-            raise ValueError("format_version 3 is a store with node_types, which is missing")
+        elif self.format_version in (TYPED_FORMAT_VERSION, TYPE_IDS_FORMAT_VERSION):
+            raise ValueError(
+                f"format_version {self.format_version} is a store with node_types, which is missing"
+            )
+        elif self.has_type_node_ids:
+            raise ValueError("has_type_node_ids needs node_types (each type's own IDs)")
         elif has_edge_data != (self.format_version == EDGE_FORMAT_VERSION):
             raise ValueError(
                 f"format_version {self.format_version} does not match the edge columns "
@@ -210,6 +227,8 @@ def write_meta(directory: str | Path, meta: GraphMeta) -> Path:
         fields.pop("relations")
     if meta.node_types is None:
         fields.pop("node_types")
+    if not meta.has_type_node_ids:  # stores without them keep their v3 meta unchanged
+        fields.pop("has_type_node_ids")
     path.write_text(json.dumps(fields, indent=2) + "\n")
     return path
 

@@ -6,10 +6,13 @@ A typed store is the homogeneous store with types laid over it (``docs/heterogen
   the types (:class:`NodeTypeInfo`: name, offset, count, feature width) in id order. RCMK
   reordering runs within each type's range (:func:`~.build.build_csc`'s ``node_groups``),
   so ranges survive it;
-- a node's external ID within its type is ``0..count_t-1`` (PyG's and DGL's per-type
-  indices); the store-wide external ID is ``offset_t + id`` — the numbering of PyG's
+- a node's position within its type is ``0..count_t-1`` (PyG's and DGL's per-type
+  indices); the store-wide external ID is ``offset_t + position`` — the numbering of PyG's
   ``HeteroData.to_homogeneous()`` and DGL's ``dgl.to_homogeneous`` — so every untyped
-  API (``to_storage``, full evaluation) sees the graph as its homogeneous form;
+  API (``to_storage``, full evaluation) sees the graph as its homogeneous form. A typed
+  request names a node by its ID within its type: its position, or, when the store has
+  ``type_node_ids`` (each type's own ID space: account numbers, device hashes; distinct
+  within a type, repeats across types allowed), that ID;
 - one feature table ``[N, F]``: type ``t``'s rows use their first ``feature_dim_t``
   columns, the rest are zero (a type narrower than the widest pays the padding);
 - every edge carries a relation ``"src__name__dst"`` (PyG's ``to_hetero`` naming) in the
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NodeTypeInfo",
     "check_node_types",
+    "check_type_node_ids",
     "check_typed_relations",
     "from_hetero",
     "relation_triple",
@@ -81,6 +85,35 @@ def check_node_types(
     if at != num_nodes:
         raise ValueError(f"node types cover {at} nodes, the graph has {num_nodes}")
     return types
+
+
+def check_type_node_ids(ids: Any, types: Sequence[NodeTypeInfo]) -> np.ndarray:
+    """int64 ``[N]``: each node's ID within its type, distinct within every type.
+
+    Raises:
+        ValueError: not ``[N]`` integers, or an ID repeated within a type (naming the type,
+            the ID and its two positions in the type).
+    """
+    from hopserve.worker.graph.ids import first_duplicate
+
+    arr = np.asarray(ids)
+    n = sum(int(t.count) for t in types)
+    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(
+            f"type_node_ids must be {n} integer IDs (one per node), got shape "
+            f"{list(arr.shape)} of {arr.dtype}"
+        )
+    arr = arr.astype(np.int64, copy=False)
+    for t in types:
+        own = arr[t.offset : t.offset + t.count]
+        hit = first_duplicate(own)
+        if hit is not None:
+            row, first = hit
+            raise ValueError(
+                f"node type {t.name!r}: ID {int(own[row])} is repeated (its nodes {first} "
+                f"and {row}); IDs must be distinct within a type"
+            )
+    return arr
 
 
 def relation_triple(name: str) -> tuple[str, str, str]:
@@ -177,6 +210,7 @@ def typed_store(
     labels: np.ndarray | None = None,
     edge_weight: np.ndarray | None = None,
     edge_attr: np.ndarray | None = None,
+    type_node_ids: np.ndarray | None = None,
     reorder: str | None = "rcmk",
     out: str | Path | None = None,
     overwrite: bool = False,
@@ -193,6 +227,8 @@ def typed_store(
         feature_dims: columns each type uses (default: all ``F``).
         labels: ``[N]`` integer labels (``-1`` none).
         edge_weight, edge_attr: optional edge columns ``[E]`` / ``[E, d_e]``.
+        type_node_ids: ``[N]`` each node's ID within its type (the types' own ID spaces),
+            in input order; default: its position in the type.
         reorder: ``"rcmk"`` (within each type) or ``None``.
         out: write the store there (atomically) instead of keeping it in memory.
 
@@ -234,6 +270,7 @@ def typed_store(
         edge_type=edge_type,
         relations=relations,
         node_types=infos,
+        type_node_ids=type_node_ids,
     )
     if out is None:
         return GraphStore._from_arrays(materialize(contents, progress=progress))
@@ -250,6 +287,7 @@ def from_hetero(
     node_types: Sequence[str] | None = None,
     edge_attr_dict: Mapping[tuple[str, str, str], Any] | None = None,
     edge_weight_dict: Mapping[tuple[str, str, str], Any] | None = None,
+    node_ids_dict: Mapping[str, Any] | None = None,
     **kw: Any,
 ) -> GraphStore:
     """A typed store from per-type features and per-relation edge indices (PyG
@@ -261,7 +299,9 @@ def from_hetero(
     ``edge_attr_dict[rel]`` ``[E_r, d_e]`` and ``edge_weight_dict[rel]`` ``[E_r]`` become the
     store's edge columns (every relation needs its rows, the features one width: the
     homogeneous form's edge columns, what a model's ``edge_attr`` / ``edge_weight`` is
-    served with). Other keywords go to :func:`typed_store`.
+    served with). ``node_ids_dict[t]`` ``[N_t]`` gives type ``t``'s nodes their own IDs
+    (distinct within the type; a type left out keeps ``0..N_t-1``), which typed requests
+    name them by; edge indices stay positional. Other keywords go to :func:`typed_store`.
 
     Raises:
         ValueError: an edge index naming an unknown type, ends out of range, or edge data
@@ -321,6 +361,22 @@ def from_hetero(
         for t, y in labels_dict.items():
             y = numpy(y).reshape(-1)
             labels[offsets[t] : offsets[t] + y.size] = y
+    if node_ids_dict:
+        unknown = [t for t in node_ids_dict if t not in names]
+        if unknown:
+            raise ValueError(f"node_ids_dict names node types the graph lacks: {unknown}")
+        own = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+        for t, given in node_ids_dict.items():
+            given = numpy(given).reshape(-1)
+            if given.size and given.dtype.kind not in "iu":
+                raise ValueError(f"node_ids_dict[{t!r}] must be integer IDs, got {given.dtype}")
+            count = counts[names.index(t)]
+            if given.size != count:
+                raise ValueError(
+                    f"node_ids_dict[{t!r}] has {given.size} IDs, the type {count} nodes"
+                )
+            own[offsets[t] : offsets[t] + count] = given
+        kw["type_node_ids"] = own
     empty = np.zeros(0, np.int64)
     return typed_store(
         list(zip(names, counts, strict=True)),

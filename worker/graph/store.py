@@ -98,6 +98,7 @@ class GraphStore:
         edge_weight: np.ndarray | torch.Tensor | None = None,
         edge_features: np.ndarray | torch.Tensor | None = None,
         edge_type: np.ndarray | torch.Tensor | None = None,
+        type_node_ids: np.ndarray | None = None,
     ) -> None:
         # ``topology``: an existing view of the same arrays (a living graph's snapshot,
         # with its degrees, ID index and edge columns carried over) instead of a new one.
@@ -110,6 +111,7 @@ class GraphStore:
             edge_weight=None if edge_weight is None else _writable(edge_weight),
             edge_features=None if edge_features is None else _writable(edge_features),
             edge_type=None if edge_type is None else _writable(edge_type),
+            type_node_ids=None if type_node_ids is None else _writable(type_node_ids),
         )
         topo = self.topology
         self.meta = meta
@@ -182,6 +184,7 @@ class GraphStore:
             edge_weight=arrays.edge_weight,
             edge_features=arrays.edge_features,
             edge_type=arrays.edge_type,
+            type_node_ids=arrays.type_node_ids,
         )
 
     @classmethod
@@ -479,6 +482,7 @@ class GraphStore:
             edge_type=None if self.edge_type is None else self.edge_type.numpy(),
             relations=self.relations,
             node_types=self.node_types,
+            type_node_ids=self.topology.type_node_ids,
         )
         meta = write_contents(path, contents, overwrite=overwrite, progress=progress)
         if meta.version != self.version:  # pragma: no cover - would be a hashing bug

@@ -23,6 +23,7 @@ from hopserve.worker.graph.format import (
     INDICES_FILE,
     INDPTR_FILE,
     NODE_IDS_FILE,
+    TYPE_NODE_IDS_FILE,
     GraphMeta,
     load_array,
     read_meta,
@@ -64,6 +65,8 @@ class GraphTopology:
         edge_features: float32 ``[E, d_e]`` per-edge features in CSC order, or ``None``.
         edge_type: int16 ``[E]`` per-edge relation id in CSC order (names:
             ``meta.relations``), or ``None``.
+        type_node_ids: int64 ``[N]`` each storage node's ID within its type (typed stores
+            whose types have their own ID spaces), or ``None`` (positions ``0..count-1``).
     """
 
     def __init__(
@@ -77,8 +80,10 @@ class GraphTopology:
         edge_weight: np.ndarray | None = None,
         edge_features: np.ndarray | None = None,
         edge_type: np.ndarray | None = None,
+        type_node_ids: np.ndarray | None = None,
     ) -> None:
         self.meta = meta
+        self.type_node_ids = type_node_ids
         self.indptr = indptr
         self.indices = indices
         self.node_ids = node_ids
@@ -109,6 +114,12 @@ class GraphTopology:
                 (edge_type is None) == (meta.relations is None)
                 and (edge_type is None or edge_type.shape == (e,)),
                 "edge_type " + ("absent" if edge_type is None else f"{[*edge_type.shape]}"),
+            ),
+            (
+                (type_node_ids is None) != meta.has_type_node_ids
+                and (type_node_ids is None or type_node_ids.shape == (n,)),
+                "type_node_ids "
+                + ("absent" if type_node_ids is None else f"{[*type_node_ids.shape]}"),
             ),
         ):
             if not ok:
@@ -151,6 +162,11 @@ class GraphTopology:
             if meta.relations is not None
             else None
         )
+        type_node_ids = (
+            load_array(path, TYPE_NODE_IDS_FILE, mmap=mmap, dtype=np.int64, shape=(n,))
+            if meta.has_type_node_ids
+            else None
+        )
         return cls(
             meta,
             indptr,
@@ -160,6 +176,7 @@ class GraphTopology:
             edge_weight=edge_weight,
             edge_features=edge_features,
             edge_type=edge_type,
+            type_node_ids=type_node_ids,
         )
 
     # ------------------------------------------------------------------ sizes
@@ -194,17 +211,48 @@ class GraphTopology:
         raise KeyError(f"no node type {name!r} (the graph's node types: {have or 'none'})")
 
     def typed_storage(self, ids: Any, node_type: str) -> np.ndarray:
-        """Per-type external IDs (``0..count-1``) of ``node_type`` -> storage indices.
+        """IDs within ``node_type`` -> storage indices (see :meth:`find_typed`).
 
         Raises:
-            KeyError: unknown type. UnknownNodeError: IDs outside the type's range.
+            KeyError: unknown type. UnknownNodeError: IDs the type does not have.
+        """
+        arr = as_id_array(ids)
+        store_wide, found = self.find_typed(arr, node_type)
+        if not found.all():
+            raise UnknownNodeError(arr[~found], arr.size, int((~found).sum()))
+        return self.to_storage(store_wide)
+
+    def find_typed(self, ids: Any, node_type: str) -> tuple[np.ndarray, np.ndarray]:
+        """IDs within ``node_type`` -> ``(store-wide external IDs, found)`` (``-1`` where
+        the type has no such ID). A type's IDs are its own when the store has them
+        (:attr:`type_node_ids`), else its positions ``0..count-1``; the store-wide ID of
+        position ``i`` is ``offset + i``.
+
+        Raises:
+            KeyError: unknown type.
         """
         t = self.node_type(node_type)
         arr = as_id_array(ids)
-        bad = (arr < 0) | (arr >= t.count)
-        if bad.any():
-            raise UnknownNodeError(arr[bad], arr.size, int(bad.sum()))
-        return self.to_storage(arr + t.offset)
+        if self.type_node_ids is None:
+            found = (arr >= 0) & (arr < t.count)
+            return np.where(found, arr + t.offset, -1), found
+        storage, found = self._type_index(t.name).find(arr)
+        out = np.full(arr.shape, -1, dtype=np.int64)
+        out[found] = self.to_external(storage[found] + t.offset)
+        return out, found
+
+    def _type_index(self, name: str) -> IdIndex:
+        """The lookup of one type's own IDs -> positions in its storage range (built once)."""
+        cache = self.__dict__.setdefault("_type_indexes", {})
+        if name not in cache:
+            t = self.node_type(name)
+            own = self.type_node_ids[t.offset : t.offset + t.count]
+            try:
+                cache[name] = IdIndex(np.asarray(own), t.count)
+            except ValueError as e:
+                where = self.path or "graph"
+                raise GraphFormatError(f"{where}: type_node_ids of {name!r}: {e}") from None
+        return cache[name]
 
     @property
     def relations(self) -> list[str] | None:

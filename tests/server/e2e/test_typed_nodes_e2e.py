@@ -109,3 +109,50 @@ def test_typed_requests_are_exact_and_listed(served):
             )  # fmt: skip
         with pytest.raises(InvalidArgumentError, match="node_type must be a non-empty string"):
             client.get_embeddings("rec", [0], node_type="")
+
+
+def test_requests_name_nodes_by_their_types_own_ids(tmp_path, start_server):
+    """A store whose types have their own IDs (account numbers; item 7 and user 7 are two
+    nodes): a typed request asks by them and equals the forward; an ID the type lacks is
+    INVALID_ARGUMENT naming it."""
+    plain = tmp_path / "plain"
+    synth_recommender(150, 90, 6, FEATURES, seed=2, out=plain, progress=False)
+    store = GraphStore.open(plain)
+    own = {"user": np.arange(150) * 10 + 7, "item": np.arange(90)[::-1] * 10 + 7}
+    own["category"] = np.arange(6) + 7  # ID 7 names a node of each type
+    offsets = {t.name: t.offset for t in store.node_types}
+    order = store.sorted_external_order()
+    x = {t.name: store.features[order][t.offset : t.offset + t.count, : t.feature_dim]
+         for t in store.node_types}  # fmt: skip
+    ext = store.to_external(store.edge_index())
+    relations = [tuple(r.split("__")) for r in store.relations]
+    edges = {}
+    for r, rel in enumerate(relations):
+        on = store.edge_type.numpy() == r
+        edges[rel] = torch.from_numpy(
+            np.stack([ext[0][on] - offsets[rel[0]], ext[1][on] - offsets[rel[2]]])
+        )
+    path = tmp_path / "own"
+    GraphStore.from_hetero(x, edges, node_ids_dict=own).save(path, progress=False)
+    torch.save(_model().state_dict(), tmp_path / "rgcn.pt")
+    config = HopserveConfig.model_validate({
+        "models": [{"name": "rec", "version": "1", "entrypoint": "support.edge_models:RelationalGCN",
+                    "kwargs": KWARGS, "weights": str(tmp_path / "rgcn.pt"), "graph": str(path)}],
+        "server": {"host": "127.0.0.1", "port": free_port(), "metrics_port": 0,
+                   "max_wait_ms": 5, "grace_period_s": 1},
+        "cache": {"backend": "memory"},
+    })  # fmt: skip
+    server = start_server(config)
+    want = _forward(path)
+    with EmbeddingClient(server.target, timeout=30) as client:
+        items = [3, 0, 89, 3]  # by position, then by the items' own IDs
+        got = client.get_embeddings("rec", own["item"][items].tolist(), node_type="item")
+        assert_exact(torch.from_numpy(got.copy()), want[[150 + i for i in items]], "items")
+        for name, pos in (("user", 0), ("category", 0)):  # ID 7 in each type's space
+            got = client.get_embeddings("rec", [7], node_type=name)
+            assert_exact(torch.from_numpy(got.copy()), want[[offsets[name] + pos]], name)
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"1 of 2 requested 'item' node IDs are not in the graph \(its 90 IDs are its own\): 8",
+        ):
+            client.get_embeddings("rec", [7, 8], node_type="item")  # fmt: skip

@@ -582,6 +582,7 @@ class LiveGraph:
                 edge_type=snap.edge_type,
                 relations=snap.meta.relations,
                 node_types=snap.meta.node_types,  # updates add no nodes to a typed graph
+                type_node_ids=snap.type_node_ids,
             )
             write_contents(target, contents, overwrite=True, progress=progress)
             info = {"dir": name, "seq": snap.seq}

@@ -324,6 +324,43 @@ def _check_typed_nodes(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a 
         )
 
 
+def _check_typed_id_mutations(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a GraphMeta
+    """On a store whose node types have their own IDs, a node is named by its type and
+    ID: added edges do that through their relation; removals and feature updates carry
+    no type yet, so they are refused rather than read as store-wide IDs."""
+    for what, ids in (("remove_edges", batch.remove_src), ("set_features", batch.set_node_ids)):
+        if ids.size:
+            names = ", ".join(t.name for t in meta.node_types)
+            raise InvalidUpdateError(
+                f"{what}: the graph's node types ({names}) have their own node IDs, and "
+                f"{what} names nodes without their type; only added edges (named by their "
+                "relation) are taken on such a graph yet"
+            )
+
+
+def _typed_add_ends(graph, batch: MutationBatch, relation: np.ndarray):  # noqa: ANN001, ANN202
+    """Storage ids of the added edges' ends, each read in its relation's source and
+    destination type's own IDs (naming the first edge whose end its type lacks)."""
+    from hopserve.worker.graph.node_types import relation_triple
+
+    ends = []
+    for end, ids, part in (("source", batch.add_src, 0), ("destination", batch.add_dst, 2)):
+        store_wide = np.full(ids.size, -1, dtype=np.int64)
+        for r in np.unique(relation).tolist():
+            name = graph.meta.relations[r]
+            node_type = relation_triple(name)[part]
+            on = np.flatnonzero(relation == r)
+            store_wide[on], found = graph.find_typed(ids[on], node_type)
+            if not found.all():
+                i = int(on[np.flatnonzero(~found)[0]])
+                raise InvalidUpdateError(
+                    f"add_edges[{i}]: the {end} {int(ids[i])} of a {name!r} edge is not a "
+                    f"{node_type!r} node ID"
+                )
+        ends.append(graph.to_storage(store_wide))
+    return ends[0], ends[1]
+
+
 def _check_typed_ends(meta, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
     """Each added edge joins nodes of its relation's types (named at the first that does
     not)."""
@@ -361,6 +398,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
         )
     n, dim = graph.num_nodes, graph.feature_dim
     _check_typed_nodes(graph.meta, batch)
+    if graph.type_node_ids is not None:
+        _check_typed_id_mutations(graph.meta, batch)
     new_ids = batch.add_node_ids
     dup = first_duplicate(new_ids)
     if dup is not None:
@@ -411,8 +450,11 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
                 f"remove_edges[{i}]: {int(batch.remove_src[i])} -> {int(batch.remove_dst[i])} "
                 "is not an edge of the graph"
             )
-    a_src = storage(batch.add_src, "add_edges.src", True)
-    a_dst = storage(batch.add_dst, "add_edges.dst", True)
+    if graph.type_node_ids is not None:  # ends named in their relation's types' own IDs
+        a_src, a_dst = _typed_add_ends(graph, batch, add_edge_type)
+    else:
+        a_src = storage(batch.add_src, "add_edges.src", True)
+        a_dst = storage(batch.add_dst, "add_edges.dst", True)
     if graph.meta.node_types is not None:
         _check_typed_ends(graph.meta, a_src, a_dst, add_edge_type, batch)
     set_nodes = storage(batch.set_node_ids, "set_features", True)

@@ -24,6 +24,7 @@ from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
     EDGE_TYPE_FILE,
     EDGE_WEIGHT_FILE,
+    TYPE_NODE_IDS_FILE,
     GraphMeta,
     indices_dtype_for,
     load_array,
@@ -116,13 +117,17 @@ class GraphSnapshot(GraphTopology):
         edge_weight: np.ndarray | None = None,
         edge_features: np.ndarray | None = None,
         edge_type: np.ndarray | None = None,
+        type_node_ids: np.ndarray | None = None,
     ) -> None:
         if path is not None and edge_weight is None and edge_features is None and edge_type is None:
             # A base store's columns, mapped from its folder (not passed by every caller).
             edge_weight, edge_features, edge_type = _edge_columns(meta, path)
+        if path is not None and type_node_ids is None and meta.has_type_node_ids:
+            type_node_ids = load_array(path, TYPE_NODE_IDS_FILE, dtype=np.int64)
         super().__init__(
             meta, indptr, indices, node_ids, path,
             edge_weight=edge_weight, edge_features=edge_features, edge_type=edge_type,
+            type_node_ids=type_node_ids,
         )  # fmt: skip
         self.seq = int(seq)
         self.base_version = base_version
@@ -143,7 +148,7 @@ class GraphSnapshot(GraphTopology):
             topology.meta, topology.indptr, topology.indices, topology.node_ids, topology.path,
             seq=0, base_version=topology.version,
             edge_weight=topology.edge_weight, edge_features=topology.edge_features,
-            edge_type=topology.edge_type,
+            edge_type=topology.edge_type, type_node_ids=topology.type_node_ids,
         )  # fmt: skip
 
     @property
@@ -371,13 +376,17 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
             "num_classes": None,
         }
     )
-    return GraphSnapshot(
+    out = GraphSnapshot(
         meta, indptr, indices, node_ids, snap.path,
         seq=batch.seq, base_version=snap.base_version, id_index=index,
         in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
         edge_weight=edge_cols["edge_weight"], edge_features=edge_cols["edge_features"],
         edge_type=edge_cols["edge_type"],
+        type_node_ids=snap.type_node_ids,  # typed graphs take no new nodes
     )  # fmt: skip
+    if "_type_indexes" in snap.__dict__:  # the same IDs: their lookups carry over
+        out.__dict__["_type_indexes"] = snap.__dict__["_type_indexes"]
+    return out
 
 
 def _edge_data(

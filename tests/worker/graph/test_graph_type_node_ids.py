@@ -1,0 +1,237 @@
+"""Node types with their own ID spaces (``type_node_ids``, format version 4).
+
+A type's nodes are named by their own IDs (distinct within the type, repeats across types
+allowed) in typed lookups, typed ingest and typed updates; everything untyped keeps the
+store-wide (homogeneous) numbering, so the same graph built with and without its own IDs
+holds the same nodes, edges and features. IDs survive RCMK, save/open, the live log's
+replay and compaction; repeats within a type, unknown IDs and updates that name nodes
+without their type are refused naming them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hopserve import GraphStore
+from hopserve.cli import app
+from hopserve.worker.graph import GraphFormatError, IngestError
+from hopserve.worker.graph.errors import UnknownNodeError
+from hopserve.worker.graph.ingest_typed import ingest_typed
+from hopserve.worker.graph.live import InvalidUpdateError, LiveGraph, MutationBatch
+
+USERS, ITEMS = 30, 20
+USER_IDS = np.arange(USERS) * 1000 + 7  # account numbers: 7, 1007, ...
+ITEM_IDS = np.r_[7, np.arange(ITEMS - 1, 0, -1) * 3]  # 7 (as user 0's), 57, 54, ..., 3
+
+
+def _graph(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    clicks = np.stack([rng.integers(0, USERS, 120), rng.integers(0, ITEMS, 120)])
+    return {
+        "x_dict": {
+            "user": torch.from_numpy(rng.standard_normal((USERS, 3)).astype(np.float32)),
+            "item": torch.from_numpy(rng.standard_normal((ITEMS, 5)).astype(np.float32)),
+        },
+        "edge_index_dict": {
+            ("user", "clicks", "item"): torch.from_numpy(clicks),
+            ("item", "clicked-by", "user"): torch.from_numpy(clicks[::-1].copy()),
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def stores():
+    plain = GraphStore.from_hetero(**_graph())
+    own = GraphStore.from_hetero(**_graph(), node_ids_dict={"user": USER_IDS, "item": ITEM_IDS})
+    return plain, own
+
+
+def typed_edges(topo) -> Counter:
+    ext = topo.to_external(np.arange(topo.num_nodes))
+    ei = topo.edge_index()
+    return Counter(
+        zip(
+            ext[ei[0]].tolist(),
+            ext[ei[1]].tolist(),
+            np.asarray(topo.edge_type).tolist(),
+            strict=True,
+        )
+    )
+
+
+def test_own_ids_name_the_same_nodes_as_positions(stores):
+    plain, own = stores
+    assert typed_edges(own.topology) == typed_edges(plain.topology)  # the same graph
+    assert plain.version != own.version  # the IDs are content
+    for name, ids in (("user", USER_IDS), ("item", ITEM_IDS)):
+        pos = np.random.default_rng(1).permutation(ids.size)
+        by_own = own.topology.typed_storage(ids[pos], name)
+        by_pos = plain.topology.typed_storage(pos, name)
+        assert torch.equal(own.features[by_own], plain.features[by_pos]), name
+        store_wide, found = own.topology.find_typed(ids[pos], name)
+        assert found.all() and np.array_equal(store_wide, own.topology.to_external(by_own))
+    # ID 7 is user 0 and item 0: each type reads it in its own space
+    u, i = own.topology.typed_storage([7], "user"), own.topology.typed_storage([7], "item")
+    assert u != i
+    with pytest.raises(UnknownNodeError):
+        own.topology.typed_storage([7, 8], "user")
+    _, found = own.topology.find_typed([1, 7007, 4], "user")
+    assert found.tolist() == [False, True, False]
+
+
+def test_a_type_left_out_keeps_its_positions():
+    store = GraphStore.from_hetero(**_graph(), node_ids_dict={"user": USER_IDS})
+    plain = GraphStore.from_hetero(**_graph())
+    assert np.array_equal(
+        store.topology.typed_storage(np.arange(ITEMS), "item"),
+        plain.topology.typed_storage(np.arange(ITEMS), "item"),
+    )
+
+
+def test_save_open_round_trip_and_format_version(stores, tmp_path):
+    _, own = stores
+    own.save(tmp_path / "g", progress=False)
+    back = GraphStore.open(tmp_path / "g")
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    assert (meta["format_version"], meta["has_type_node_ids"]) == (4, True)
+    assert back.version == own.version
+    assert np.array_equal(
+        back.topology.typed_storage(ITEM_IDS, "item"), own.topology.typed_storage(ITEM_IDS, "item")
+    )
+    meta["has_type_node_ids"] = False  # a v4 meta that does not say so is refused
+    (tmp_path / "g" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(GraphFormatError, match="version 3 exactly when node types"):
+        GraphStore.open(tmp_path / "g")
+
+
+def test_plain_typed_stores_stay_version_3(stores, tmp_path):
+    plain, _ = stores
+    plain.save(tmp_path / "g", progress=False)
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    assert meta["format_version"] == 3 and "has_type_node_ids" not in meta
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ({"user": np.r_[USER_IDS[:-1], USER_IDS[3]]}, r"node type 'user': ID 3007 is repeated \(its nodes 3 and 29\)"),
+        ({"user": USER_IDS[:-1]}, r"node_ids_dict\['user'\] has 29 IDs, the type 30 nodes"),
+        ({"shop": USER_IDS}, r"node_ids_dict names node types the graph lacks: \['shop'\]"),
+        ({"user": USER_IDS + 0.5}, r"node_ids_dict\['user'\] must be integer IDs"),
+    ],
+)  # fmt: skip
+def test_bad_ids_are_refused_naming_them(ids, message):
+    with pytest.raises(ValueError, match=message):
+        GraphStore.from_hetero(**_graph(), node_ids_dict=ids)
+
+
+# ----------------------------------------------------------------------------- ingest
+@pytest.fixture
+def files(tmp_path):
+    g = _graph()
+    np.save(tmp_path / "users.npy", g["x_dict"]["user"].numpy())
+    np.save(tmp_path / "items.npy", g["x_dict"]["item"].numpy())
+    np.save(tmp_path / "user_ids.npy", USER_IDS)
+    np.save(tmp_path / "item_ids.npy", ITEM_IDS)
+    clicks = g["edge_index_dict"][("user", "clicks", "item")].numpy()
+    rows = zip(USER_IDS[clicks[0]].tolist(), ITEM_IDS[clicks[1]].tolist(), strict=True)
+    (tmp_path / "clicks.csv").write_text("".join(f"{u},{i}\n" for u, i in rows))
+    rev = np.stack([ITEM_IDS[clicks[1]], USER_IDS[clicks[0]]], axis=1)
+    np.save(tmp_path / "rev.npy", rev)
+    return tmp_path
+
+
+def _ingest(files, **kw):
+    return ingest_typed(
+        {"user": files / "users.npy", "item": files / "items.npy"},
+        {("user", "clicks", "item"): files / "clicks.csv",
+         ("item", "clicked-by", "user"): files / "rev.npy"},
+        out=files / "s", progress=False, **kw,
+    )  # fmt: skip
+
+
+def test_typed_ingest_reads_edges_in_the_types_own_ids(files, stores):
+    _, own = stores
+    store = _ingest(
+        files, node_ids={"user": files / "user_ids.npy", "item": files / "item_ids.npy"}
+    )
+    assert store.meta.format_version == 4
+    assert typed_edges(store.topology) == typed_edges(own.topology)
+    for name, ids in (("user", USER_IDS), ("item", ITEM_IDS)):
+        got = store.features[store.topology.typed_storage(ids, name)]
+        assert torch.equal(got, own.features[own.topology.typed_storage(ids, name)])
+
+
+def test_typed_ingest_refuses_an_id_the_type_lacks(files):
+    (files / "clicks.csv").write_text("7,7\n8,7\n")
+    ids = {"user": files / "user_ids.npy", "item": files / "item_ids.npy"}
+    with pytest.raises(
+        IngestError,
+        match=r"clicks.csv: row 2: src 8 is not a 'user' node \(not in .*user_ids.npy\)",
+    ):
+        _ingest(files, node_ids=ids)
+    assert not (files / "s").exists()
+    np.save(files / "short.npy", USER_IDS[:-1])
+    with pytest.raises(IngestError, match="has 29 node IDs but node type 'user' has 30"):
+        _ingest(files, node_ids={"user": files / "short.npy"})
+
+
+def test_cli_ingest_typed_takes_node_id_files(files):
+    result = CliRunner().invoke(
+        app,
+        ["ingest-typed", "--out", str(files / "c"), "--nodes", f"user={files / 'users.npy'}",
+         "--nodes", f"item={files / 'items.npy'}",
+         "--edges", f"user:clicks:item={files / 'clicks.csv'}",
+         "--node-ids", f"user={files / 'user_ids.npy'}",
+         "--node-ids", f"item={files / 'item_ids.npy'}", "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    store = GraphStore.open(files / "c")
+    assert store.topology.typed_storage(USER_IDS[:3], "user").size == 3
+
+
+# ----------------------------------------------------------------------------- updates
+def test_updates_name_added_edges_in_their_relations_types_own_ids(stores, tmp_path):
+    _, own = stores
+    own.save(tmp_path / "g", progress=False)
+    live = LiveGraph(tmp_path / "g", with_features=True)
+    before = typed_edges(live.topology)
+    live.apply(
+        MutationBatch(
+            add_src=[USER_IDS[4], ITEM_IDS[2]],
+            add_dst=[ITEM_IDS[2], USER_IDS[4]],
+            add_edge_type=["user__clicks__item", "item__clicked-by__user"],
+        )
+    )
+    u = int(own.topology.to_external(own.topology.typed_storage([USER_IDS[4]], "user"))[0])
+    i = int(own.topology.to_external(own.topology.typed_storage([ITEM_IDS[2]], "item"))[0])
+    want = before + Counter({(u, i, 0): 1, (i, u, 1): 1})
+    assert typed_edges(live.topology) == want
+    refused = [
+        (MutationBatch(add_src=[USER_IDS[0]], add_dst=[4], add_edge_type=["user__clicks__item"]),
+         r"add_edges\[0\]: the destination 4 of a 'user__clicks__item' edge is not a 'item' node ID"),
+        (MutationBatch(remove_src=[7], remove_dst=[7]),
+         r"remove_edges: the graph's node types \(user, item\) have their own node IDs"),
+        (MutationBatch(set_node_ids=[7], set_features=np.ones((1, 5), np.float32)),
+         r"set_features: the graph's node types \(user, item\) have their own node IDs"),
+    ]  # fmt: skip
+    for batch, message in refused:
+        with pytest.raises(InvalidUpdateError, match=message):
+            live.apply(batch)
+    assert live.seq == 1
+    replayed = LiveGraph(tmp_path / "g")
+    assert typed_edges(replayed.topology) == want
+    live.compact()
+    compacted = LiveGraph(tmp_path / "g")
+    assert compacted.topology.meta.format_version == 4
+    assert typed_edges(compacted.topology) == want
+    assert np.array_equal(
+        compacted.topology.typed_storage(ITEM_IDS, "item"),
+        own.topology.typed_storage(ITEM_IDS, "item"),
+    )
