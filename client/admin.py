@@ -201,6 +201,8 @@ class AdminClientBase(EmbeddingClientBase):
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
+        remove_relations: Sequence[str] | None = None,
+        set_node_type: str | None = None,
     ) -> admin_pb2.UpdateGraphRequest:
         """The request of :meth:`AdminClient.update_graph` (checks every argument)."""
         request = admin_pb2.UpdateGraphRequest(model=check_model(model))
@@ -217,9 +219,21 @@ class AdminClientBase(EmbeddingClientBase):
         if add_edges is not None:
             request.add_edges.CopyFrom(edge_list("add_edges", add_edges, *edge_data))
             parts += 1
+        if remove_edges is None and remove_relations is not None:
+            raise InvalidArgumentError("remove_relations need remove_edges")
         if remove_edges is not None:
-            request.remove_edges.CopyFrom(edge_list("remove_edges", remove_edges))
+            request.remove_edges.CopyFrom(
+                edge_list("remove_edges", remove_edges, relations=remove_relations)
+            )
             parts += 1
+        if set_node_type is not None:
+            if set_features is None:
+                raise InvalidArgumentError("set_node_type needs set_features")
+            if not isinstance(set_node_type, str) or not set_node_type:
+                raise InvalidArgumentError(
+                    f"set_node_type must be a non-empty string, got {set_node_type!r}"
+                )
+            request.set_features.node_type = set_node_type
         if not parts:
             raise InvalidArgumentError(
                 "update_graph needs at least one of add_nodes, add_edges, remove_edges, "
@@ -322,6 +336,8 @@ class AdminClient(AdminClientBase):
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
+        remove_relations: Sequence[str] | None = None,
+        set_node_type: str | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """Apply one atomic batch of mutations to the graph ``model`` serves.
@@ -349,6 +365,12 @@ class AdminClient(AdminClientBase):
                 ``add_edges`` (``GraphInfo.relations``; ``"0"``, ``"1"``, ... on a graph
                 built from ids). Required when the graph's edges are typed, refused when
                 they are not. Removing ``src -> dst`` removes it under every relation.
+            remove_relations: ``[len(src)]`` relation names of ``remove_edges`` (graphs
+                with node types): each end is then an ID within its relation's node type
+                (required where the types have their own IDs); the pair still goes under
+                every relation.
+            set_node_type: The node type ``set_features``' IDs are IDs within (graphs with
+                node types; required where the types have their own IDs).
             timeout: Deadline in seconds; None uses the client's.
 
         Raises:
@@ -358,7 +380,7 @@ class AdminClient(AdminClientBase):
         """
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
-            edge_weights, edge_features, edge_relations,
+            edge_weights, edge_features, edge_relations, remove_relations, set_node_type,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = self._admin_call("UpdateGraph", request, deadline, idempotency_key is not None)
@@ -498,12 +520,14 @@ class AsyncAdminClient(AdminClientBase):
         edge_weights: npt.ArrayLike | None = None,
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
+        remove_relations: Sequence[str] | None = None,
+        set_node_type: str | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """See :meth:`AdminClient.update_graph`."""
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
-            edge_weights, edge_features, edge_relations,
+            edge_weights, edge_features, edge_relations, remove_relations, set_node_type,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = await self._admin_call(

@@ -102,7 +102,8 @@ def decode_edges(edges: pb.EdgeList, what: str, *, data: bool = True) -> Decoded
 
     Args:
         data: Whether edge data may come with these edges (``False`` for edges to remove:
-            edge data there is refused, never ignored).
+            weights and features there are refused, never ignored; relations name the
+            node types of their ends).
 
     Raises:
         InvalidRequestError: edge data where none is taken, a wrong dtype, or a byte
@@ -112,10 +113,10 @@ def decode_edges(edges: pb.EdgeList, what: str, *, data: bool = True) -> Decoded
     dst = np.asarray(edges.dst, dtype=np.int64)
     if not (edges.weights or edges.features or edges.relations):
         return DecodedEdges(src, dst)
-    if not data:
+    if not data and (edges.weights or edges.features):
         raise InvalidRequestError(
-            f"{what}: edge data (weights / features / relations) is only taken for added "
-            "edges; removing src -> dst removes it under every relation, with its data"
+            f"{what}: edge data (weights / features) is only taken for added edges; "
+            "removing src -> dst removes it under every relation, with its data"
         )
     relations = None
     if edges.relations:
@@ -194,6 +195,11 @@ class GraphAdmin:
         live = self._graph(request.model)
         dim = live.topology.feature_dim
         add_ids, add_rows = decode_rows(request.add_nodes, dim, "add_nodes")
+        if request.add_nodes.node_type:
+            raise InvalidRequestError(
+                "add_nodes.node_type: new nodes are named by store-wide IDs (a graph with "
+                "node types takes no new nodes yet)"
+            )
         set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
         removed = decode_edges(request.remove_edges, "remove_edges", data=False)
         added = decode_edges(request.add_edges, "add_edges")
@@ -202,8 +208,10 @@ class GraphAdmin:
             add_node_features=add_rows,
             remove_src=removed.src,
             remove_dst=removed.dst,
+            remove_edge_type=removed.relations,
             set_node_ids=set_ids,
             set_features=set_rows,
+            set_node_type=request.set_features.node_type,
             idempotency_key=request.idempotency_key,
             **added.mutation_fields(),
         )

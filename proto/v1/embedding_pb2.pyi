@@ -26,16 +26,18 @@ DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 
 class NodeRows(_message.Message):
-    __slots__ = ("node_ids", "features", "dim", "dtype")
+    __slots__ = ("node_ids", "features", "dim", "dtype", "node_type")
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     features: bytes
     dim: int
     dtype: DType
-    def __init__(self, node_ids: _Optional[_Iterable[int]] = ..., features: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    node_type: str
+    def __init__(self, node_ids: _Optional[_Iterable[int]] = ..., features: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., node_type: _Optional[str] = ...) -> None: ...
 
 class EdgeList(_message.Message):
     __slots__ = ("src", "dst", "weights", "features", "feature_dim", "dtype", "relations")

@@ -222,7 +222,7 @@ BAD = {
     "weight count": ("wgcn", {"add_edges": _edges(SRC, DST, [1.0, 2.0], F3)},
                      "add_edges.weights: 8 bytes for 3 edges"),
     "removal with data": ("wgcn", {"remove_edges": _edges(SRC[:1], DST[:1], [1.0])},
-                          "remove_edges: edge data (weights / features / relations) is only taken for added"),
+                          "remove_edges: edge data (weights / features) is only taken for added"),
     "no dtype": ("wgcn", {"add_edges": _edges(SRC, DST, W3, F3, dtype=pb.DTYPE_UNSPECIFIED)},
                  "add_edges: dtype must be DTYPE_FLOAT32"),
     "weights, no column": ("sage", {"add_edges": _edges(SRC, DST, W3)},

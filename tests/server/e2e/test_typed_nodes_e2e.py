@@ -18,9 +18,10 @@ from support.edge_models import RelationalGCN
 from support.models import GraphSAGE
 
 from hopserve import GraphStore
-from hopserve.client import EmbeddingClient, InvalidArgumentError
+from hopserve.client import AdminClient, EmbeddingClient, InvalidArgumentError
 from hopserve.config import HopserveConfig
 from hopserve.testing import free_port
+from hopserve.worker.graph.live import LiveGraph
 from hopserve.worker.graph.synth_hetero import synth_recommender
 
 from .conftest import FEATURES
@@ -56,9 +57,11 @@ def served(tmp_path, graph_dir, start_server):
     return start_server(config), path
 
 
-def _forward(path) -> torch.Tensor:
+def _forward(path_or_store) -> torch.Tensor:
     """The model on the graph's homogeneous form, rows by store-wide ID."""
-    store = GraphStore.open(path)
+    store = path_or_store
+    if not isinstance(store, GraphStore):
+        store = GraphStore.open(path_or_store)
     order = store.sorted_external_order()
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel())
@@ -111,10 +114,12 @@ def test_typed_requests_are_exact_and_listed(served):
             client.get_embeddings("rec", [0], node_type="")
 
 
-def test_requests_name_nodes_by_their_types_own_ids(tmp_path, start_server):
+def test_requests_and_updates_name_nodes_by_their_types_own_ids(tmp_path, start_server):
     """A store whose types have their own IDs (account numbers; item 7 and user 7 are two
-    nodes): a typed request asks by them and equals the forward; an ID the type lacks is
-    INVALID_ARGUMENT naming it."""
+    nodes): typed requests ask by them and equal the forward; updates name added and
+    removed edges' ends within their relations' types and feature rows within their type,
+    and the served rows equal the forward on the updated graph; an ID the type lacks, and
+    an update naming nodes without their type, are INVALID_ARGUMENT naming them."""
     plain = tmp_path / "plain"
     synth_recommender(150, 90, 6, FEATURES, seed=2, out=plain, progress=False)
     store = GraphStore.open(plain)
@@ -156,3 +161,33 @@ def test_requests_name_nodes_by_their_types_own_ids(tmp_path, start_server):
             match=r"1 of 2 requested 'item' node IDs are not in the graph \(its 90 IDs are its own\): 8",
         ):
             client.get_embeddings("rec", [7, 8], node_type="item")  # fmt: skip
+    user7, item7 = 0, 150 + 89  # store-wide IDs of user 7 and item 7
+    clicks = store.relations.index("user__clicks__item")
+    k = int(np.flatnonzero(store.edge_type.numpy() == clicks)[0])
+    u, i = int(ext[0][k]), int(ext[1][k]) - 150  # an existing click, by positions
+    with AdminClient(server.target, timeout=30) as admin:
+        for kwargs, message in [
+            ({"remove_edges": ([own["user"][u]], [own["item"][i]])},
+             "have their own node IDs: name each removed edge's relation"),
+            ({"set_features": ([7], np.ones((1, FEATURES)))},
+             "have their own node IDs: name the node type of the IDs"),
+            ({"set_features": ([8], np.ones((1, FEATURES))), "set_node_type": "item"},
+             r"set_features\[0\]: 8 is not a 'item' node ID"),
+        ]:  # fmt: skip
+            with pytest.raises(InvalidArgumentError, match=message):
+                admin.update_graph("rec", **kwargs)
+        admin.update_graph(
+            "rec",
+            add_edges=([7], [7]), edge_relations=["user__clicks__item"],
+            remove_edges=([own["user"][u]], [own["item"][i]]),
+            remove_relations=["user__clicks__item"],
+            set_features=([7], np.full((1, FEATURES), 0.5)), set_node_type="item",
+        )  # fmt: skip
+    updated = LiveGraph(path, with_features=True).store()
+    assert updated.features[updated.to_storage([item7])].tolist() == [[0.5] * FEATURES]
+    want = _forward(updated)
+    with EmbeddingClient(server.target, timeout=30) as client:
+        got = client.get_embeddings("rec", [7], node_type="item")
+        assert_exact(torch.from_numpy(got.copy()), want[[item7]], "item 7 updated")
+        got = client.get_embeddings("rec", [7], node_type="user")
+        assert_exact(torch.from_numpy(got.copy()), want[[user7]], "user 7 updated")

@@ -197,11 +197,19 @@ def test_cli_ingest_typed_takes_node_id_files(files):
 
 
 # ----------------------------------------------------------------------------- updates
-def test_updates_name_added_edges_in_their_relations_types_own_ids(stores, tmp_path):
-    _, own = stores
+def test_updates_name_nodes_within_their_types(stores, tmp_path):
+    """Added and removed edges name their ends within their relation's types, feature
+    updates within their node type; replay and compaction keep the store's own IDs."""
+    plain, own = stores
     own.save(tmp_path / "g", progress=False)
     live = LiveGraph(tmp_path / "g", with_features=True)
+    topo = own.topology
+
+    def wide(ids, name):  # store-wide IDs of a type's own IDs
+        return topo.to_external(topo.typed_storage(ids, name)).tolist()
+
     before = typed_edges(live.topology)
+    (u,), (i,) = wide([USER_IDS[4]], "user"), wide([ITEM_IDS[2]], "item")
     live.apply(
         MutationBatch(
             add_src=[USER_IDS[4], ITEM_IDS[2]],
@@ -209,29 +217,89 @@ def test_updates_name_added_edges_in_their_relations_types_own_ids(stores, tmp_p
             add_edge_type=["user__clicks__item", "item__clicked-by__user"],
         )
     )
-    u = int(own.topology.to_external(own.topology.typed_storage([USER_IDS[4]], "user"))[0])
-    i = int(own.topology.to_external(own.topology.typed_storage([ITEM_IDS[2]], "item"))[0])
     want = before + Counter({(u, i, 0): 1, (i, u, 1): 1})
     assert typed_edges(live.topology) == want
+    ext = plain.topology.to_external(plain.topology.edge_index())  # an existing click
+    k = int(np.flatnonzero(np.asarray(plain.topology.edge_type) == 0)[0])
+    pos_u, pos_i = int(ext[0][k]), int(ext[1][k]) - USERS  # positions within the types
+    (ru,), (ri,) = wide([USER_IDS[pos_u]], "user"), wide([ITEM_IDS[pos_i]], "item")
+    live.apply(
+        MutationBatch(
+            remove_src=[USER_IDS[pos_u]],
+            remove_dst=[ITEM_IDS[pos_i]],
+            remove_edge_type=["user__clicks__item"],
+            set_node_ids=[7],
+            set_features=np.full((1, 5), 2.0, np.float32),
+            set_node_type="item",
+        )
+    )
+    want = Counter({k: v for k, v in want.items() if k[:2] != (ru, ri)})
+    assert typed_edges(live.topology) == want
+    item7 = live.store().topology.typed_storage([7], "item")
+    assert live.store().features[item7].tolist() == [[2.0] * 5]
     refused = [
         (MutationBatch(add_src=[USER_IDS[0]], add_dst=[4], add_edge_type=["user__clicks__item"]),
          r"add_edges\[0\]: the destination 4 of a 'user__clicks__item' edge is not a 'item' node ID"),
         (MutationBatch(remove_src=[7], remove_dst=[7]),
-         r"remove_edges: the graph's node types \(user, item\) have their own node IDs"),
+         r"remove_edges: the graph's node types \(user, item\) have their own node IDs: name each"),
+        (MutationBatch(remove_src=[7, 8], remove_dst=[7, 7], remove_edge_type=["user__clicks__item"] * 2),
+         r"remove_edges\[1\]: the source 8 of a 'user__clicks__item' edge is not a 'user' node ID"),
         (MutationBatch(set_node_ids=[7], set_features=np.ones((1, 5), np.float32)),
-         r"set_features: the graph's node types \(user, item\) have their own node IDs"),
+         r"set_features: the graph's node types \(user, item\) have their own node IDs: name the"),
+        (MutationBatch(set_node_ids=[8], set_features=np.ones((1, 5), np.float32), set_node_type="item"),
+         r"set_features\[0\]: 8 is not a 'item' node ID"),
+        (MutationBatch(set_node_ids=[7], set_features=np.ones((1, 5), np.float32), set_node_type="shop"),
+         r"set_features.node_type: .*no node type 'shop'"),
     ]  # fmt: skip
     for batch, message in refused:
         with pytest.raises(InvalidUpdateError, match=message):
             live.apply(batch)
-    assert live.seq == 1
+    assert live.seq == 2
     replayed = LiveGraph(tmp_path / "g")
     assert typed_edges(replayed.topology) == want
     live.compact()
-    compacted = LiveGraph(tmp_path / "g")
+    compacted = LiveGraph(tmp_path / "g", with_features=True)
     assert compacted.topology.meta.format_version == 4
     assert typed_edges(compacted.topology) == want
+    assert compacted.store().features[item7].tolist() == [[2.0] * 5]
     assert np.array_equal(
-        compacted.topology.typed_storage(ITEM_IDS, "item"),
-        own.topology.typed_storage(ITEM_IDS, "item"),
+        compacted.topology.typed_storage(ITEM_IDS, "item"), topo.typed_storage(ITEM_IDS, "item")
     )
+
+
+def test_positional_typed_graphs_take_typed_updates_too(tmp_path):
+    from hopserve.worker.graph.synth_hetero import synth_recommender
+
+    synth_recommender(40, 30, 4, 4, seed=1, out=tmp_path / "rec", progress=False)
+    live = LiveGraph(tmp_path / "rec", with_features=True)
+    live.apply(
+        MutationBatch(
+            set_node_ids=[29], set_features=np.ones((1, 4), np.float32), set_node_type="item"
+        )
+    )
+    row = live.store().topology.typed_storage([29], "item")
+    assert live.store().features[row].tolist() == [[1.0] * 4]
+    with pytest.raises(InvalidUpdateError, match=r"set_features\[0\]: 30 is not a 'item' node ID"):
+        live.apply(
+            MutationBatch(
+                set_node_ids=[30], set_features=np.ones((1, 4), np.float32), set_node_type="item"
+            )
+        )
+
+
+def test_untyped_graphs_refuse_typed_updates(tmp_path):
+    rng = np.random.default_rng(0)
+    GraphStore.from_edge_index(
+        torch.from_numpy(rng.integers(0, 10, (2, 30))),
+        torch.ones(10, 2),
+        edge_type=rng.integers(0, 2, 30),
+    ).save(tmp_path / "g", progress=False)
+    live = LiveGraph(tmp_path / "g", with_features=True)
+    for batch, message in [
+        (MutationBatch(set_node_ids=[1], set_features=np.ones((1, 2), np.float32), set_node_type="user"),
+         r"set_features.node_type: 'user' given, but the graph's nodes are untyped"),
+        (MutationBatch(remove_src=[1], remove_dst=[2], remove_edge_type=["0"]),
+         r"remove_edges.relations: the graph's nodes are untyped"),
+    ]:  # fmt: skip
+        with pytest.raises(InvalidUpdateError, match=message):
+            live.apply(batch)

@@ -114,6 +114,13 @@ class MutationBatch:
     add_edge_type: np.ndarray | list | None = None
     """Relation of each added edge, ``[len(add_src)]`` names (strings) or ids: required on
     a graph with typed edges, refused on one without."""
+    remove_edge_type: np.ndarray | list | None = None
+    """Relation of each removed edge, ``[len(remove_src)]`` names or ids (graphs with node
+    types): its ends are read as IDs within the relation's node types (required where the
+    types have their own IDs). The pair still goes under every relation."""
+    set_node_type: str = ""
+    """The node type ``set_node_ids`` are IDs within (graphs with node types; required where
+    the types have their own IDs); empty: store-wide IDs."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -278,37 +285,37 @@ def _edge_features(values: object, graph, n: int) -> np.ndarray | None:  # noqa:
     )
 
 
-def _edge_type(values: object, graph, n: int) -> np.ndarray | None:  # noqa: ANN001
-    """The added edges' relation ids as int16 ``[n]``, or ``None`` on a graph without
+def _edge_type(values: object, graph, n: int, what: str = "add_edges") -> np.ndarray | None:  # noqa: ANN001
+    """The ``what`` edges' relation ids as int16 ``[n]``, or ``None`` on a graph without
     typed edges (see :func:`resolve` for what is refused)."""
     from hopserve.worker.graph.relations import relation_ids
 
     names = graph.meta.relations
+    edges = {"add_edges": "added edge", "remove_edges": "removed edge"}[what]
     given = values is not None and not (np.size(values) == 0 and n == 0)
     if names is None:
         if given:
             raise InvalidUpdateError(
-                f"add_edges.relations: the graph has no typed edges, but {np.size(values)} "
+                f"{what}.relations: the graph has no typed edges, but {np.size(values)} "
                 "relation(s) were given (refused, not dropped)"
             )
         return None
     if values is None or (np.size(values) == 0 and n):
         if n:
             raise InvalidUpdateError(
-                f"add_edges.relations: the graph's edges are typed ({', '.join(names[:8])}), "
-                f"but the {n} added edge(s) name no relation"
+                f"{what}.relations: the graph's edges are typed ({', '.join(names[:8])}), "
+                f"but the {n} {edges}(s) name no relation"
             )
         return np.zeros(0, dtype=np.int16)
     arr = np.asarray(values)
     if arr.ndim != 1 or arr.shape[0] != n:
         raise InvalidUpdateError(
-            f"add_edges.relations: shape {list(arr.shape)}, expected one relation per added "
-            f"edge [{n}]"
+            f"{what}.relations: shape {list(arr.shape)}, expected one relation per {edges} [{n}]"
         )
     try:
         ids, _ = relation_ids(arr, names)
     except ValueError as err:
-        raise InvalidUpdateError(f"add_edges.relations: {err}") from None
+        raise InvalidUpdateError(f"{what}.relations: {err}") from None
     return ids
 
 
@@ -325,40 +332,62 @@ def _check_typed_nodes(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a 
 
 
 def _check_typed_id_mutations(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a GraphMeta
-    """On a store whose node types have their own IDs, a node is named by its type and
-    ID: added edges do that through their relation; removals and feature updates carry
-    no type yet, so they are refused rather than read as store-wide IDs."""
-    for what, ids in (("remove_edges", batch.remove_src), ("set_features", batch.set_node_ids)):
-        if ids.size:
-            names = ", ".join(t.name for t in meta.node_types)
-            raise InvalidUpdateError(
-                f"{what}: the graph's node types ({names}) have their own node IDs, and "
-                f"{what} names nodes without their type; only added edges (named by their "
-                "relation) are taken on such a graph yet"
-            )
+    """On a store whose node types have their own IDs, a node is named by its type and ID:
+    removals must name each edge's relation and feature updates their node type, rather
+    than be read as store-wide IDs."""
+    names = ", ".join(t.name for t in meta.node_types)
+    if batch.remove_src.size and batch.remove_edge_type is None:
+        raise InvalidUpdateError(
+            f"remove_edges: the graph's node types ({names}) have their own node IDs: name "
+            "each removed edge's relation (its ends are read in the relation's types)"
+        )
+    if batch.set_node_ids.size and not batch.set_node_type:
+        raise InvalidUpdateError(
+            f"set_features: the graph's node types ({names}) have their own node IDs: name "
+            "the node type of the IDs (set_features.node_type)"
+        )
 
 
-def _typed_add_ends(graph, batch: MutationBatch, relation: np.ndarray):  # noqa: ANN001, ANN202
-    """Storage ids of the added edges' ends, each read in its relation's source and
-    destination type's own IDs (naming the first edge whose end its type lacks)."""
+def _typed_ends(graph, src, dst, relation: np.ndarray, what: str):  # noqa: ANN001, ANN202
+    """Storage ids of edges' ends, each read as an ID within its relation's source and
+    destination type (naming the first edge whose end its type lacks)."""
     from hopserve.worker.graph.node_types import relation_triple
 
     ends = []
-    for end, ids, part in (("source", batch.add_src, 0), ("destination", batch.add_dst, 2)):
+    for end, ids, part in (("source", src, 0), ("destination", dst, 2)):
         store_wide = np.full(ids.size, -1, dtype=np.int64)
+        bad = np.zeros(ids.size, dtype=bool)
         for r in np.unique(relation).tolist():
-            name = graph.meta.relations[r]
-            node_type = relation_triple(name)[part]
             on = np.flatnonzero(relation == r)
+            node_type = relation_triple(graph.meta.relations[r])[part]
             store_wide[on], found = graph.find_typed(ids[on], node_type)
-            if not found.all():
-                i = int(on[np.flatnonzero(~found)[0]])
-                raise InvalidUpdateError(
-                    f"add_edges[{i}]: the {end} {int(ids[i])} of a {name!r} edge is not a "
-                    f"{node_type!r} node ID"
-                )
+            bad[on] = ~found
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            name = graph.meta.relations[relation[i]]
+            raise InvalidUpdateError(
+                f"{what}[{i}]: the {end} {int(ids[i])} of a {name!r} edge is not a "
+                f"{relation_triple(name)[part]!r} node ID"
+            )
         ends.append(graph.to_storage(store_wide))
     return ends[0], ends[1]
+
+
+def _typed_nodes(graph, ids: np.ndarray, node_type: str, what: str) -> np.ndarray:  # noqa: ANN001
+    """Storage ids of IDs within ``node_type`` (naming an unknown type or the first ID the
+    type lacks)."""
+    if graph.meta.node_types is None:
+        raise InvalidUpdateError(
+            f"{what}.node_type: {node_type!r} given, but the graph's nodes are untyped"
+        )
+    try:
+        store_wide, found = graph.find_typed(ids, node_type)
+    except KeyError as err:
+        raise InvalidUpdateError(f"{what}.node_type: {err.args[0]}") from None
+    if not found.all():
+        i = int(np.flatnonzero(~found)[0])
+        raise InvalidUpdateError(f"{what}[{i}]: {int(ids[i])} is not a {node_type!r} node ID")
+    return graph.to_storage(store_wide)
 
 
 def _check_typed_ends(meta, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
@@ -440,8 +469,19 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     add_weight = _edge_weight(batch.add_edge_weight, graph, batch.add_src.size)
     add_edge_features = _edge_features(batch.add_edge_features, graph, batch.add_src.size)
     add_edge_type = _edge_type(batch.add_edge_type, graph, batch.add_src.size)
-    r_src = storage(batch.remove_src, "remove_edges.src", False)
-    r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
+    if batch.remove_edge_type is not None:  # ends named within their relation's types
+        if graph.meta.node_types is None:
+            raise InvalidUpdateError(
+                "remove_edges.relations: the graph's nodes are untyped; removing src -> dst "
+                "removes it under every relation (name no relation)"
+            )
+        relation = _edge_type(batch.remove_edge_type, graph, batch.remove_src.size, "remove_edges")
+        r_src, r_dst = _typed_ends(
+            graph, batch.remove_src, batch.remove_dst, relation, "remove_edges"
+        )
+    else:
+        r_src = storage(batch.remove_src, "remove_edges.src", False)
+        r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
     if r_src.size:
         exists = graph.has_edges(r_src, r_dst)
         if not exists.all():
@@ -451,13 +491,16 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
                 "is not an edge of the graph"
             )
     if graph.type_node_ids is not None:  # ends named in their relation's types' own IDs
-        a_src, a_dst = _typed_add_ends(graph, batch, add_edge_type)
+        a_src, a_dst = _typed_ends(graph, batch.add_src, batch.add_dst, add_edge_type, "add_edges")
     else:
         a_src = storage(batch.add_src, "add_edges.src", True)
         a_dst = storage(batch.add_dst, "add_edges.dst", True)
     if graph.meta.node_types is not None:
         _check_typed_ends(graph.meta, a_src, a_dst, add_edge_type, batch)
-    set_nodes = storage(batch.set_node_ids, "set_features", True)
+    if batch.set_node_type:
+        set_nodes = _typed_nodes(graph, batch.set_node_ids, batch.set_node_type, "set_features")
+    else:
+        set_nodes = storage(batch.set_node_ids, "set_features", True)
     set_rows = _rows(batch.set_features, set_nodes.size, dim, "set_features")
     if set_nodes.size:  # the last row given for a node wins
         last = set_nodes.size - 1 - np.unique(set_nodes[::-1], return_index=True)[1]
