@@ -91,9 +91,16 @@ class GATAdapter(MessagePassingAdapter):
         lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
 
         def make() -> tuple[Tensor, Tensor]:
-            proj = lin_src(x).view(x.shape[0], heads, width)
-            logit = (proj * conv.att_src).sum(dim=-1)
-            return proj.transpose(0, 1).contiguous(), logit  # one contiguous [N, C] per head
+            # Θ^h x per head straight into one contiguous [N, C] slice each (no [N, H·C]
+            # projection and transposed copy of it at once: the table is the peak)
+            weight = lin_src.weight.view(heads, width, -1)
+            table = x.new_empty((heads, x.shape[0], width))
+            for h in range(heads):
+                torch.matmul(x, weight[h].t(), out=table[h])
+            if lin_src.bias is not None:
+                table += lin_src.bias.view(heads, 1, width)
+            logit = torch.bmm(table, conv.att_src.view(heads, width, 1)).squeeze(2)
+            return table, logit.t().contiguous()  # [H, N, C], [N, H]
 
         params = (*lin_src.parameters(), conv.att_src)
         key = (batch.layer, *((id(p), p._version) for p in params))
