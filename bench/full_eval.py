@@ -40,7 +40,9 @@ from typing import Any
 import harness
 
 METHODS = ("hopserve", "hopserve-unordered", "naive", "whole-graph", "whole-graph-csr", "nodewise")
-FAMILIES = ("sage", "gcn")
+FAMILIES = ("sage", "gcn", "gat")
+FAMILY_NAMES = {"sage": "GraphSAGE-mean", "gcn": "GCN", "gat": "GAT"}
+GAT_HEADS = 4  # hidden GAT layers: GAT_HEADS heads of hidden / GAT_HEADS, concatenated
 # Options the parent passes on to each method's child run.
 CHILD_KEYS = (
     "nodes", "dim", "hidden", "out_dim", "layers", "device", "threads", "batch_size",
@@ -50,19 +52,24 @@ CHILD_KEYS = (
 
 # --------------------------------------------------------------------------- model
 def make_model(d_in: int, hidden: int, d_out: int, layers: int, family: str = "sage"):
-    """The benchmark's model, seeded: GraphSAGE (mean) or GCN, ReLU between layers."""
+    """The benchmark's model, seeded: GraphSAGE (mean), GCN or GAT (hidden layers with
+    :data:`GAT_HEADS` concatenated heads, one head out), ReLU between layers."""
     import torch
     from torch import nn
-    from torch_geometric.nn import GCNConv, SAGEConv
+    from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
-    conv_class = {"sage": SAGEConv, "gcn": GCNConv}[family]
+    def conv(a: int, b: int, last: bool) -> nn.Module:
+        if family == "gat":
+            return GATConv(a, b, heads=1) if last else GATConv(a, b // GAT_HEADS, GAT_HEADS)
+        return {"sage": SAGEConv, "gcn": GCNConv}[family](a, b)
 
     class GraphSAGE(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             dims = [d_in] + [hidden] * (layers - 1) + [d_out]
+            pairs = list(zip(dims, dims[1:], strict=False))
             self.convs = nn.ModuleList(
-                conv_class(a, b) for a, b in zip(dims, dims[1:], strict=False)
+                conv(a, b, i == len(pairs) - 1) for i, (a, b) in enumerate(pairs)
             )
 
         def forward(self, x, edge_index):
@@ -81,7 +88,8 @@ def naive_layerwise(model, store, batch_size: int, device: str, family: str = "s
 
     GCN needs whole-graph degrees: PyG's own ``gcn_norm`` runs once on the whole graph (in
     the timed region), and each batch calls the conv with those edge weights and
-    ``normalize`` off, on its sources (destinations included) as a square graph.
+    ``normalize`` off, on its sources (destinations included) as a square graph. GAT adds
+    a self-loop per node, so it too runs on the square graph of each batch's nodes.
     """
     import torch
 
@@ -106,7 +114,14 @@ def naive_layerwise(model, store, batch_size: int, device: str, family: str = "s
             src = indices[a:b].long()
             dst_local = torch.repeat_interleave(torch.arange(end - start), deg[start:end])
             with torch.no_grad():
-                if weights is None:
+                if family == "gat":
+                    dst = torch.arange(start, end)
+                    nodes, inverse = torch.unique(torch.cat([dst, src]), return_inverse=True)
+                    at_dst = inverse[: end - start]
+                    edge_index = torch.stack([inverse[end - start :], at_dst[dst_local]])
+                    y = conv(h[nodes].float().to(device), edge_index.to(device))
+                    y = y[at_dst.to(device)]
+                elif weights is None:
                     nodes, inverse = torch.unique(src, return_inverse=True)
                     edge_index = torch.stack([inverse, dst_local]).to(device)
                     x_src = h[nodes].float().to(device)
@@ -324,29 +339,35 @@ def graph_bytes(path: str) -> int:
 
 
 # --------------------------------------------------------------------------- report
+def max_diff_vs_hopserve(scratch: Path, orig, method: str) -> float:
+    """Max abs difference of ``method``'s saved rows to hopserve's, row for row by node
+    id (``orig``: the store in generated numbering, which the methods' rows index)."""
+    import numpy as np
+
+    ref = np.load(scratch / "hopserve.npy")
+    out = np.load(scratch / f"{method}.npy")
+    rows = np.load(scratch / f"{method}_rows.npy")
+    ids = orig.to_external(rows) if orig.node_ids is not None else rows
+    return float(np.abs(out - ref[np.asarray(ids)]).max())
+
+
 def report(
     args: argparse.Namespace, graphs: dict[str, str], scratch: Path, results: dict[str, Any]
 ) -> None:
     """Agreement with hopserve's rows, the memory model; ``full_eval.{json,md,png}``."""
-    import numpy as np
 
     from hopserve import GraphStore
 
     store = GraphStore.open(graphs["rcmk"])
     orig = GraphStore.open(graphs["orig"])
     # Agreement: every method's rows against hopserve's (same node ids, exact methods).
-    ref = np.load(scratch / "hopserve.npy")
     for method, res in results.items():
-        if "error" in res:
-            continue
-        out = np.load(scratch / f"{method}.npy")
-        rows = np.load(scratch / f"{method}_rows.npy")
-        ids = orig.to_external(rows) if orig.node_ids is not None else rows
-        res["max_abs_diff_vs_hopserve"] = float(np.abs(out - ref[np.asarray(ids)]).max())
+        if "error" not in res:
+            res["max_abs_diff_vs_hopserve"] = max_diff_vs_hopserve(scratch, orig, method)
     emb_mb = store.num_nodes * args.hidden * 4 / 2**20
     model_mb = graph_bytes(graphs["rcmk"]) / 2**20 + 2 * emb_mb
     hop = results.get("hopserve", {})
-    family = {"sage": "GraphSAGE-mean", "gcn": "GCN"}[args.family]
+    family = FAMILY_NAMES[args.family]
     summary = {
         "graph": {"nodes": store.num_nodes, "edges": store.num_edges, "feature_dim": args.dim},
         "model": f"{family} x{args.layers}, hidden {args.hidden}, out {args.out_dim}",
