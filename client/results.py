@@ -28,12 +28,14 @@ def _dtype_name(dtype: int) -> str:
 @dataclass(frozen=True)
 class NodeTypeInfo:
     """One node type of a typed graph (``hopserve.v1.NodeTypeInfo``): store-wide IDs
-    ``offset .. offset + count - 1``; ``node_type=name`` asks by IDs ``0..count-1``."""
+    ``offset .. offset + count - 1``; ``node_type=name`` asks by the type's own IDs
+    (``own_ids``) or by its positions ``0..count-1``."""
 
     name: str
     count: int
     offset: int
     feature_dim: int
+    own_ids: bool = False
 
 
 @dataclass(frozen=True)

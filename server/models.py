@@ -214,7 +214,11 @@ class ServedModel:
             traffic_percent=traffic_percent,
             node_types=[
                 pb.NodeTypeInfo(
-                    name=t.name, count=t.count, offset=t.offset, feature_dim=t.feature_dim
+                    name=t.name,
+                    count=t.count,
+                    offset=t.offset,
+                    feature_dim=t.feature_dim,
+                    own_ids=self.topology.type_node_ids is not None,
                 )
                 for t in self.topology.meta.node_types or ()
             ],

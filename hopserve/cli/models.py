@@ -89,7 +89,13 @@ def render(models: list[ModelInfo], fmt: OutputFormat) -> str:
     if any(m.node_types for m in models):  # typed graphs: the types `query --type` takes
         rows[0].append("node types")
         for row, m in zip(rows[1:], models, strict=True):
-            row.append(", ".join(f"{t.name} ({t.count:,})" for t in m.node_types) or "-")
+            row.append(
+                ", ".join(
+                    f"{t.name} ({t.count:,}{', own IDs' if t.own_ids else ''})"
+                    for t in m.node_types
+                )
+                or "-"
+            )
     widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)  # fmt: skip

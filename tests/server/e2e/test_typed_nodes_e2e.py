@@ -77,6 +77,7 @@ def test_typed_requests_are_exact_and_listed(served):
         info = {m.name: m for m in client.list_models()}
         types = {t.name: t for t in info["rec"].node_types}
         assert list(types) == ["user", "item", "category"]
+        assert not any(t.own_ids for t in types.values())  # positions 0..count-1
         assert (types["item"].count, types["item"].offset) == (90, 150)
         assert "user__clicks__item" in info["rec"].relations and not info["plain"].node_types
         candidates = [3, 0, 89, 3]  # a user's candidate items, by item ID
@@ -150,6 +151,12 @@ def test_requests_and_updates_name_nodes_by_their_types_own_ids(tmp_path, start_
     server = start_server(config)
     want = _forward(path)
     with EmbeddingClient(server.target, timeout=30) as client:
+        (info,) = client.list_models()
+        assert [(t.name, t.own_ids) for t in info.node_types] == [
+            ("user", True),
+            ("item", True),
+            ("category", True),
+        ]
         items = [3, 0, 89, 3]  # by position, then by the items' own IDs
         got = client.get_embeddings("rec", own["item"][items].tolist(), node_type="item")
         assert_exact(torch.from_numpy(got.copy()), want[[150 + i for i in items]], "items")
