@@ -21,7 +21,10 @@ extension (``.ndjson``/``.jsonl``, else CSV):
   ``{"src": 7, "dst": 9, "weight": 0.5, "features": [0.1, 0.2]}``. On a graph with typed
   edges each added edge names its relation: CSV ``src,dst,relation[,edge data]``
   (``--relation-column``) or NDJSON ``"relation": "clicks"``. Edges to remove take no
-  edge data (removing ``src,dst`` removes it under every relation).
+  edge data (removing ``src,dst`` removes it under every relation); on a graph with node
+  types they may name their relation the same way, and each end is then an ID within the
+  relation's node type (required where the types have their own IDs). ``--features-type``
+  says which node type ``--features`` IDs are IDs within.
 
 Empty lines and lines starting with ``#`` are skipped. A bad line is refused before
 anything is sent, naming the file, line and value. Needs a token with scope ``admin``.
@@ -184,14 +187,14 @@ class EdgeRows:
         }
 
 
-def read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(src, dst)`` int64 arrays of an edges file without edge data (edges to remove).
+def read_edges(path: Path, *, relation_column: bool = False) -> EdgeRows:
+    """The edges of an edges file without edge data (edges to remove), with their
+    relations when they name them (``relation_column``: the third CSV column).
 
     Raises:
         InputFileError: an unreadable file, a bad line (named), edge data, or no edges.
     """
-    rows = _edge_rows(path, data=False)
-    return rows.src, rows.dst
+    return _edge_rows(path, data=False, relation_column=relation_column)
 
 
 def read_edges_with_data(
@@ -230,13 +233,17 @@ def _edge_rows(
             if not isinstance(f, list):
                 raise InputFileError(f"{path}:{n}: features must be a list, got {f!r:.80}")
         else:
-            if len(record) < 2 or (not data and len(record) != 2):
-                raise InputFileError(f"{path}:{n}: expected 2 columns src,dst, got {len(record)}")
+            columns = 2 + relation_column
+            if len(record) < 2 or (not data and len(record) != columns):
+                want = "src,dst,relation" if relation_column else "src,dst"
+                raise InputFileError(
+                    f"{path}:{n}: expected {columns} columns {want}, got {len(record)}"
+                )
             a, b, *extra = record
             r = extra.pop(0) if relation_column and extra else None
             w, f = (extra[0], extra[1:]) if extra and edge_data == "weight" else (None, extra)
         row = (r is not None, w is not None, len(f))
-        if not data and any(row):
+        if not data and (row[1] or row[2]):
             raise InputFileError(f"{path}:{n}: edges to remove take no edge data")
         if shape is None:
             shape = row
@@ -301,8 +308,9 @@ def update_cmd(
         bool,
         typer.Option(
             "--relation-column",
-            help="The third CSV column of --edges is each edge's relation name (a graph "
-            'with typed edges; edge data columns follow it). NDJSON: a "relation" key.',
+            help="The third CSV column of --edges (and --remove-edges) is each edge's "
+            "relation name (a graph with typed edges; edge data columns follow it). NDJSON: "
+            'a "relation" key.',
         ),
     ] = False,
     remove_edges: Annotated[
@@ -312,6 +320,13 @@ def update_cmd(
     features: Annotated[
         Path | None,
         typer.Option("--features", **_File, help="New feature rows of existing nodes."),
+    ] = None,
+    features_type: Annotated[
+        str | None,
+        typer.Option(
+            "--features-type",
+            help="The node type whose IDs --features names (a graph with node types).",
+        ),
     ] = None,
     idempotency_key: Annotated[
         str | None,
@@ -329,14 +344,22 @@ def update_cmd(
     """Apply one atomic batch of graph changes (prints the outcome as JSON)."""
     if not any((nodes, edges, remove_edges, features)):
         fail("give at least one of --nodes, --edges, --remove-edges, --features")
+    if features_type is not None and not features:
+        fail("--features-type needs --features")
     if edge_data not in ("weight", "features"):
         fail(f"--edge-data must be 'weight' or 'features', got {edge_data!r}")
     try:
         batch = {
             "add_nodes": read_node_rows(nodes) if nodes else None,
-            "remove_edges": read_edges(remove_edges) if remove_edges else None,
             "set_features": read_node_rows(features) if features else None,
+            "set_node_type": features_type,
         }
+        if remove_edges:
+            removed = read_edges(remove_edges, relation_column=relation_column)
+            batch |= {
+                "remove_edges": (removed.src, removed.dst),
+                "remove_relations": removed.relations,
+            }
         if edges:
             rows = read_edges_with_data(edges, edge_data, relation_column=relation_column)
             batch |= rows.update_fields()

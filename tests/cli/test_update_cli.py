@@ -55,8 +55,8 @@ def test_node_rows(tmp_path: Path, name: str, text: str) -> None:
     ],
 )
 def test_edges(tmp_path: Path, name: str, text: str) -> None:
-    src, dst = read_edges(write(tmp_path, name, text))
-    assert (src.tolist(), dst.tolist()) == ([7, 17], [17, 27])
+    rows = read_edges(write(tmp_path, name, text))
+    assert (rows.src.tolist(), rows.dst.tolist(), rows.relations) == ([7, 17], [17, 27], None)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +128,34 @@ def test_update_sends_one_batch(cli, graphs: RecordingGraphs, tmp_path: Path) ->
     assert (list(request.remove_edges.src), list(request.remove_edges.dst)) == ([17], [27])
     assert list(request.set_features.node_ids) == [7]
     np.testing.assert_array_equal(np.frombuffer(request.set_features.features, "<f4"), [3, 4])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "flags"),
+    [
+        ("gone.csv", "7,17,user__clicks__item\n8,18,user__buys__item\n", ["--relation-column"]),
+        ("gone.ndjson", '{"src": 7, "dst": 17, "relation": "user__clicks__item"}\n'
+         '{"src": 8, "dst": 18, "relation": "user__buys__item"}\n', []),
+    ],
+)  # fmt: skip
+def test_update_sends_typed_removals_and_feature_rows(
+    cli, graphs, tmp_path, name, text, flags
+) -> None:  # noqa: ANN001
+    """Removed edges name their relations, feature rows their node type (graphs with node
+    types: the ends and IDs are read within those types)."""
+    gone = write(tmp_path, name, text)
+    feats = write(tmp_path, "feats.csv", "7,3,4\n")
+    result = cli(
+        "update", "--model", "rec", "--remove-edges", str(gone), *flags,
+        "--features", str(feats), "--features-type", "item",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (request,) = graphs.requests
+    assert (list(request.remove_edges.src), list(request.remove_edges.dst)) == ([7, 8], [17, 18])
+    assert list(request.remove_edges.relations) == ["user__clicks__item", "user__buys__item"]
+    assert request.set_features.node_type == "item" and list(request.set_features.node_ids) == [7]
+    result = cli("update", "--model", "rec", "--remove-edges", str(gone), "--features-type", "item")
+    assert result.exit_code == 2 and "--features-type needs --features" in result.output
 
 
 @pytest.mark.parametrize(
