@@ -808,7 +808,7 @@ def _check_relation_conv(conv: nn.Module, qualname: str, where: str) -> None:
         adapter = adapter_for(conv, qualname)
     except UnsupportedConvError as err:
         raise _error(f"{where}: {err}") from err
-    if type(adapter) is not MessagePassingAdapter:
+    if not isinstance(adapter, MessagePassingAdapter):  # GAT's: exact on any batch too
         raise _error(
             f"{where}: relation conv '{qualname}' ({type(conv).__name__}) needs a "
             "whole-graph statistic, which a relation of a HeteroConv cannot take yet; use "
