@@ -20,8 +20,9 @@ batch's gathered rows (:class:`~.message_passing.MessagePassingAdapter`), which 
 partial frontier always runs: a few rows must not pay for the whole table.
 
 These are the steps of ``GATConv.forward`` (PyG 2.8) in its order; the path is taken only
-for the class's own ``forward``/``message``/``edge_update``, in eval mode (or without
-dropout) and without edge features.
+for the class's own ``forward``/``message``/``edge_update``/``aggregate``/``update`` with
+its sum aggregation and no hooks, in eval mode (or without dropout) and without edge
+features.
 """
 
 from __future__ import annotations
@@ -40,9 +41,18 @@ def _plain_gat(conv: nn.Module) -> bool:
     from torch_geometric.nn import GATConv
 
     cls = type(conv)
-    return all(
-        getattr(cls, name) is getattr(GATConv, name)
-        for name in ("forward", "message", "edge_update")
+    hooks = (
+        "_propagate_forward_pre_hooks", "_propagate_forward_hooks", "_message_forward_pre_hooks",
+        "_message_forward_hooks", "_edge_update_forward_pre_hooks", "_edge_update_forward_hooks",
+        "_forward_pre_hooks", "_forward_hooks",
+    )  # fmt: skip
+    return (
+        all(
+            getattr(cls, name, None) is getattr(GATConv, name, None)
+            for name in ("forward", "message", "edge_update", "aggregate", "update")
+        )
+        and conv.aggr in ("add", "sum")  # GATConv(aggr="mean"/"max") runs its own forward
+        and not any(getattr(conv, h, None) for h in hooks)
     )
 
 
@@ -87,8 +97,9 @@ class GATAdapter(MessagePassingAdapter):
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         conv = self.conv
         heads, width = conv.heads, conv.out_channels
-        lin_src = conv.lin if conv.lin is not None else conv.lin_src
-        lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
+        shared = getattr(conv, "lin", None)  # PyG >= 2.6; 2.5 shares lin_src as lin_dst
+        lin_src = shared if shared is not None else conv.lin_src
+        lin_dst = shared if shared is not None else conv.lin_dst
 
         def make() -> tuple[Tensor, Tensor]:
             # Θ^h x per head straight into one contiguous [N, C] slice each (no [N, H·C]
@@ -108,7 +119,7 @@ class GATAdapter(MessagePassingAdapter):
 
         a, b = batch.dst_start, batch.dst_start + batch.num_dst
         x_dst = batch.dst_rows(x)
-        if conv.lin is not None:
+        if lin_dst is lin_src:
             proj_dst = table[:, a:b].transpose(0, 1)  # [B, H, C]
         else:
             proj_dst = lin_dst(x_dst).view(-1, heads, width)
@@ -145,8 +156,9 @@ class GATAdapter(MessagePassingAdapter):
             heads_out.append(out_h)
         out = torch.stack(heads_out, dim=1)  # [B, H, C]
         out = out.reshape(batch.num_dst, heads * width) if conv.concat else out.mean(dim=1)
-        if conv.res is not None:
-            out = out + conv.res(x_dst)
+        res = getattr(conv, "res", None)  # PyG >= 2.6
+        if res is not None:
+            out = out + res(x_dst)
         if conv.bias is not None:
             out = out + conv.bias
         return out

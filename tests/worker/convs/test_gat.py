@@ -124,6 +124,24 @@ def test_a_subclass_with_its_own_message_runs_its_forward(medium_graph):
     assert not any(ly.gather_free for ly in ev.last_stats.layers)
 
 
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_other_aggregations_run_the_conv_forward(aggr, medium_graph):
+    """``GATConv(aggr=...)`` other than a sum: its own forward on gathered rows (exact)."""
+    torch.manual_seed(2)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = GATConv(D_IN, 4, heads=2, aggr=aggr)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    ev = check_medium_graph(PYG, Net().eval(), medium_graph, f"aggr={aggr}")
+    ev.evaluate()
+    assert not any(ly.gather_free for ly in ev.last_stats.layers)
+
+
 def test_edge_features_take_the_conv_forward():
     """A GAT given edge features runs its own forward on gathered rows (and is exact)."""
     from support import assert_exact, random_graph
