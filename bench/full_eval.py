@@ -291,6 +291,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.family == "gat" and args.hidden % GAT_HEADS:
+        raise SystemExit(f"--hidden {args.hidden}: GAT needs a multiple of {GAT_HEADS} (heads)")
     if args.method:
         run_method(args)
         return

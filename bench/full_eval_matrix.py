@@ -91,6 +91,8 @@ def main() -> None:
     from hopserve import GraphStore
 
     args = parse_args()
+    if "gat" in args.families.split(",") and args.hidden % full_eval.GAT_HEADS:
+        raise SystemExit(f"--hidden {args.hidden}: GAT needs a multiple of {full_eval.GAT_HEADS}")
     args.data = f"{args.data}-{args.nodes}-{args.avg_degree:g}-{args.dim}"
     graphs = harness.powerlaw_pair(
         Path(args.data), args.nodes, args.avg_degree, args.dim, seed=args.seed

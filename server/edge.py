@@ -740,6 +740,11 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
     if not key.exact:
         raise InvalidRequestError("a request with a delta is exact only: drop the fanouts")
     dim = model.topology.feature_dim
+    if delta.add_nodes.node_type:
+        raise InvalidRequestError(
+            "delta.add_nodes.node_type: new nodes are named by store-wide IDs (a graph with "
+            "node types takes no new nodes yet)"
+        )
     ids, rows = decode_node_rows(delta.add_nodes, dim, "delta.add_nodes")
     added = decode_edges(delta.add_edges, "delta.add_edges")
     batch = MutationBatch(add_node_ids=ids, add_node_features=rows, **added.mutation_fields())

@@ -233,11 +233,11 @@ def _edge_rows(
             if not isinstance(f, list):
                 raise InputFileError(f"{path}:{n}: features must be a list, got {f!r:.80}")
         else:
-            columns = 2 + relation_column
-            if len(record) < 2 or (not data and len(record) != columns):
-                want = "src,dst,relation" if relation_column else "src,dst"
+            most = 2 + relation_column  # removals: src,dst[,relation]
+            if len(record) < 2 or (not data and len(record) > most):
+                want = "src,dst[,relation]" if relation_column else "src,dst"
                 raise InputFileError(
-                    f"{path}:{n}: expected {columns} columns {want}, got {len(record)}"
+                    f"{path}:{n}: expected {most} columns {want}, got {len(record)}"
                 )
             a, b, *extra = record
             r = extra.pop(0) if relation_column and extra else None

@@ -279,6 +279,28 @@ def test_positional_typed_graphs_take_typed_updates_too(tmp_path):
     )
     row = live.store().topology.typed_storage([29], "item")
     assert live.store().features[row].tolist() == [[1.0] * 4]
+    topo = live.topology  # a clicked pair that is not a buy: naming "buys" is refused
+    types = {t.name: t for t in topo.node_types}
+    ext = topo.to_external(topo.edge_index())
+    names = np.array(topo.meta.relations)[np.asarray(topo.edge_type)]
+    pairs = Counter(zip(ext[0].tolist(), ext[1].tolist(), names.tolist(), strict=True))
+    u, i = next(
+        (s, d)
+        for s, d, r in pairs
+        if r == "user__clicks__item" and (s, d, "user__buys__item") not in pairs
+    )
+    u, i = u - types["user"].offset, i - types["item"].offset  # positions within the types
+    with pytest.raises(
+        InvalidUpdateError, match=rf"remove_edges\[0\]: {u} -> {i} is not a 'user__buys__item' edge"
+    ):
+        live.apply(
+            MutationBatch(remove_src=[u], remove_dst=[i], remove_edge_type=["user__buys__item"])
+        )
+    before = topo.num_edges
+    live.apply(
+        MutationBatch(remove_src=[u], remove_dst=[i], remove_edge_type=["user__clicks__item"])
+    )
+    assert live.topology.num_edges < before
     with pytest.raises(InvalidUpdateError, match=r"set_features\[0\]: 30 is not a 'item' node ID"):
         live.apply(
             MutationBatch(

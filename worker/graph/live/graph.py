@@ -168,7 +168,7 @@ class LiveGraph:
         self.base_dir, self.base_seq = base_dir, base_seq
         snap = GraphSnapshot(
             topo.meta, topo.indptr, topo.indices, topo.node_ids, base_dir,
-            seq=base_seq, base_version=lineage,
+            seq=base_seq, base_version=lineage, type_node_ids=topo.type_node_ids,
         )  # fmt: skip
         if base_seq:  # a compacted base: its version must differ per sequence
             snap.meta = snap.meta.model_copy(update={"version": f"{lineage}+{base_seq}"})

@@ -373,6 +373,19 @@ def _typed_ends(graph, src, dst, relation: np.ndarray, what: str):  # noqa: ANN0
     return ends[0], ends[1]
 
 
+def _check_removed_relations(graph, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
+    """Each removed pair is an edge of the relation it names (the pair then goes under
+    every relation; naming the first that is not)."""
+    for i, (s, d, r) in enumerate(zip(src.tolist(), dst.tolist(), relation.tolist(), strict=True)):
+        a, b = int(graph.indptr[d]), int(graph.indptr[d + 1])
+        on = np.flatnonzero(np.asarray(graph.indices[a:b]) == s) + a
+        if not (np.asarray(graph.edge_type)[on] == r).any():
+            raise InvalidUpdateError(
+                f"remove_edges[{i}]: {int(batch.remove_src[i])} -> {int(batch.remove_dst[i])} "
+                f"is not a {graph.meta.relations[r]!r} edge of the graph"
+            )
+
+
 def _typed_nodes(graph, ids: np.ndarray, node_type: str, what: str) -> np.ndarray:  # noqa: ANN001
     """Storage ids of IDs within ``node_type`` (naming an unknown type or the first ID the
     type lacks)."""
@@ -482,6 +495,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     else:
         r_src = storage(batch.remove_src, "remove_edges.src", False)
         r_dst = storage(batch.remove_dst, "remove_edges.dst", False)
+    if r_src.size and batch.remove_edge_type is not None:
+        _check_removed_relations(graph, r_src, r_dst, relation, batch)
     if r_src.size:
         exists = graph.has_edges(r_src, r_dst)
         if not exists.all():
