@@ -241,6 +241,14 @@ class GraphTopology:
         out[found] = self.to_external(storage[found] + t.offset)
         return out, found
 
+    def build_type_indexes(self) -> None:
+        """Build every type's own-ID lookup now (a store with :attr:`type_node_ids`), so
+        the first typed request does not sort a type's IDs on the request path."""
+        if self.type_node_ids is None:
+            return
+        for t in self.meta.node_types or ():
+            self._type_index(t.name)
+
     def _type_index(self, name: str) -> IdIndex:
         """The lookup of one type's own IDs -> positions in its storage range (built once)."""
         cache = self.__dict__.setdefault("_type_indexes", {})

@@ -203,6 +203,7 @@ def test_updates_name_nodes_within_their_types(stores, tmp_path):
     plain, own = stores
     own.save(tmp_path / "g", progress=False)
     live = LiveGraph(tmp_path / "g", with_features=True)
+    assert set(live.topology.__dict__["_type_indexes"]) == {"user", "item"}  # built on open
     topo = own.topology
 
     def wide(ids, name):  # store-wide IDs of a type's own IDs

@@ -172,6 +172,7 @@ class LiveGraph:
         )  # fmt: skip
         if base_seq:  # a compacted base: its version must differ per sequence
             snap.meta = snap.meta.model_copy(update={"version": f"{lineage}+{base_seq}"})
+        snap.build_type_indexes()  # here (a loading thread), not on a request's path
         self._base_store = None
         self._features = None
         self.snapshot = snap
