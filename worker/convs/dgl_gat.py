@@ -32,8 +32,8 @@ from hopserve.worker.convs.dgl_conv import (
     _params_key,
     csr_weighted_sum,
     dgl_block,
-    full_layer,
 )
+from hopserve.worker.convs.layer_table import FullLayerPath
 
 __all__ = ["DGLGATAdapter"]
 
@@ -45,7 +45,7 @@ def _gat_forward():  # noqa: ANN202 - the class's forward, to tell overrides apa
     return GATConv.forward
 
 
-class DGLGATAdapter(DGLConvAdapter):
+class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
     """``dgl.nn.GATConv`` on a batch; full layers read a once-per-layer source table."""
 
     def __init__(self, conv: nn.Module) -> None:
@@ -62,22 +62,9 @@ class DGLGATAdapter(DGLConvAdapter):
             and {inp.param for inp in self.edge_inputs} <= {"edge_weight"}
         )
 
-    @property
-    def supports_global_src(self) -> bool:
-        return self._full_layer_path
-
-    @property
-    def global_src_full_layers_only(self) -> bool:
-        return True
-
     def edge_bytes(self, src_row_bytes: int) -> int:
         # logits, leaky-relu'd logits, softmax per head, CSR indices/values per head
         return 24 + 16 * int(self.conv._num_heads)
-
-    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        if full_layer(batch) and self._full_layer_path:
-            return self._run_full_layer(x, batch)
-        return super().run(x, batch)
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         import dgl

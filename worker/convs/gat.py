@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import LayerBatch
-from hopserve.worker.convs.layer_table import LayerTableCache, csr_weighted_sum, full_layer
+from hopserve.worker.convs.layer_table import FullLayerPath, LayerTableCache, csr_weighted_sum
 from hopserve.worker.convs.message_passing import MessagePassingAdapter
 
 __all__ = ["GATAdapter"]
@@ -56,7 +56,7 @@ def _plain_gat(conv: nn.Module) -> bool:
     )
 
 
-class GATAdapter(MessagePassingAdapter):
+class GATAdapter(FullLayerPath, MessagePassingAdapter):
     """``torch_geometric.nn.GATConv`` on a batch; full layers read a once-per-layer
     source table (see the module doc)."""
 
@@ -74,25 +74,12 @@ class GATAdapter(MessagePassingAdapter):
             and not conv.explain  # explainers read the attention PyG's propagate stores
         )
 
-    @property
-    def supports_global_src(self) -> bool:
-        return self._full_layer_path
-
-    @property
-    def global_src_full_layers_only(self) -> bool:
-        return True
-
     def edge_bytes(self, src_row_bytes: int) -> int:
         if not self._full_layer_path:
             return super().edge_bytes(src_row_bytes)
         # destination index, loop mask; logits, exponentials, weights and one CSR value
         # per head
         return 9 + 16 * int(self.conv.heads)
-
-    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        if full_layer(batch) and self._full_layer_path:
-            return self._run_full_layer(x, batch)
-        return super().run(x, batch)
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         conv = self.conv

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from hopserve.worker.convs.base import LayerBatch
 
-__all__ = ["LayerTableCache", "csr_weighted_sum", "full_layer"]
+__all__ = ["FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer"]
 
 
 def full_layer(batch: LayerBatch) -> bool:
@@ -38,6 +38,31 @@ def csr_weighted_sum(
         indptr, indices, values.contiguous(), size=size, check_invariants=False
     )
     return adj @ dense
+
+
+class FullLayerPath:
+    """Mixin of an adapter with a second path for full layers (reading a once-per-layer
+    table in place) next to its base class's ``run``: the subclass says when the path
+    applies (``_full_layer_path``) and runs it (``_run_full_layer``); partial frontiers
+    always take the base path (a few rows must not pay for the whole table)."""
+
+    _full_layer_path: bool
+
+    @property
+    def supports_global_src(self) -> bool:
+        return self._full_layer_path
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        return True
+
+    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        if full_layer(batch) and self._full_layer_path:
+            return self._run_full_layer(x, batch)
+        return super().run(x, batch)
+
+    def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
+        raise NotImplementedError
 
 
 def _last_of_layer(batch: LayerBatch) -> bool:

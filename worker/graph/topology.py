@@ -216,11 +216,14 @@ class GraphTopology:
         Raises:
             KeyError: unknown type. UnknownNodeError: IDs the type does not have.
         """
+        t = self.node_type(node_type)
         arr = as_id_array(ids)
-        store_wide, found = self.find_typed(arr, node_type)
-        if not found.all():
-            raise UnknownNodeError(arr[~found], arr.size, int((~found).sum()))
-        return self.to_storage(store_wide)
+        if self.type_node_ids is not None:  # positions in the type's storage range
+            return self._type_index(t.name).lookup(arr) + t.offset
+        bad = (arr < 0) | (arr >= t.count)
+        if bad.any():
+            raise UnknownNodeError(arr[bad], arr.size, int(bad.sum()))
+        return self.to_storage(arr + t.offset)
 
     def find_typed(self, ids: Any, node_type: str) -> tuple[np.ndarray, np.ndarray]:
         """IDs within ``node_type`` -> ``(store-wide external IDs, found)`` (``-1`` where
