@@ -184,6 +184,9 @@ class LayerStats:
     """Sources were read in place from the stored node table (no per-batch gather)."""
     reused_rows: int = 0
     """Rows of the layer taken from the layer cache instead of computed (not in ``rows``)."""
+    freed_inputs: int = 0
+    """Stored inputs freed before the layer's batches: every reader derived its source
+    table from them up front (full layers; the batches read only the tables)."""
 
 
 @dataclass

@@ -37,7 +37,7 @@ class JobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., targets: _Optional[bytes] = ..., frontiers: _Optional[_Iterable[bytes]] = ..., fanouts: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., graph_seq: _Optional[int] = ..., delta: _Optional[bytes] = ..., updates: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LayerStats(_message.Message):
-    __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free", "reused_rows")
+    __slots__ = ("layer", "rows", "batches", "input_nodes", "edges", "oom_halvings", "compute_s", "peak_bytes", "gather_free", "reused_rows", "freed_inputs")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class LayerStats(_message.Message):
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     GATHER_FREE_FIELD_NUMBER: _ClassVar[int]
     REUSED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    FREED_INPUTS_FIELD_NUMBER: _ClassVar[int]
     layer: int
     rows: int
     batches: int
@@ -58,7 +59,8 @@ class LayerStats(_message.Message):
     peak_bytes: int
     gather_free: bool
     reused_rows: int
-    def __init__(self, layer: _Optional[int] = ..., rows: _Optional[int] = ..., batches: _Optional[int] = ..., input_nodes: _Optional[int] = ..., edges: _Optional[int] = ..., oom_halvings: _Optional[int] = ..., compute_s: _Optional[float] = ..., peak_bytes: _Optional[int] = ..., gather_free: _Optional[bool] = ..., reused_rows: _Optional[int] = ...) -> None: ...
+    freed_inputs: int
+    def __init__(self, layer: _Optional[int] = ..., rows: _Optional[int] = ..., batches: _Optional[int] = ..., input_nodes: _Optional[int] = ..., edges: _Optional[int] = ..., oom_halvings: _Optional[int] = ..., compute_s: _Optional[float] = ..., peak_bytes: _Optional[int] = ..., gather_free: _Optional[bool] = ..., reused_rows: _Optional[int] = ..., freed_inputs: _Optional[int] = ...) -> None: ...
 
 class JobStats(_message.Message):
     __slots__ = ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s", "total_s", "frontier_sizes", "layers", "tiers", "device")

@@ -56,13 +56,18 @@ class GraphSAGE(nn.Module):
 
 
 class GAT(nn.Module):
-    """GATConv with residuals and heads flattened, then a mean over output heads."""
+    """GATConv (with residuals unless ``residual=False``) and heads flattened, then a mean
+    over output heads."""
 
-    def __init__(self, d_in: int, hidden: int = 8, d_out: int = 5, heads: int = 3):
+    def __init__(
+        self, d_in: int, hidden: int = 8, d_out: int = 5, heads: int = 3, residual: bool = True
+    ):
         super().__init__()
-        self.conv1 = dglnn.GATConv(d_in, hidden, heads, residual=True, allow_zero_in_degree=True)
+        self.conv1 = dglnn.GATConv(
+            d_in, hidden, heads, residual=residual, allow_zero_in_degree=True
+        )
         self.conv2 = dglnn.GATConv(
-            hidden * heads, d_out, 2, residual=True, allow_zero_in_degree=True
+            hidden * heads, d_out, 2, residual=residual, allow_zero_in_degree=True
         )
 
     def forward(self, g, x):
@@ -151,6 +156,7 @@ FAMILIES = {
     "sage_gcn": lambda d: GraphSAGE(d, aggregator="gcn"),
     "sage_pool": lambda d: GraphSAGE(d, aggregator="pool"),
     "gat": lambda d: GAT(d),
+    "gat_plain": lambda d: GAT(d, residual=False),
     "gatv2": lambda d: GATv2(d),
     "gin_sum": lambda d: GIN(d, aggregator="sum"),
     "gin_max": lambda d: GIN(d, aggregator="max"),

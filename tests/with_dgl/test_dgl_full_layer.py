@@ -56,26 +56,35 @@ def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_b
     assert table_builds == [(store.num_nodes, 5)], (table_builds, many)
 
 
-def test_gat_full_layers_read_a_once_per_layer_source_table(medium_graph, monkeypatch):
-    """GATConv (multi-head, residual): W x and the source logits once per full layer, each
-    batch reading them in place; partial frontiers gather and still agree."""
+@pytest.mark.parametrize(("family", "freed"), [("gat", [0, 0]), ("gat_plain", [0, 1])])
+def test_gat_full_layers_read_a_once_per_layer_source_table(
+    family, freed, medium_graph, monkeypatch
+):
+    """GATConv (multi-head, with residuals or not): W x and the source logits once per full
+    layer, each batch reading them in place; without a residual the second layer's input
+    is freed once its table is derived; partial frontiers gather and still agree."""
+    from hopserve.worker.convs.dgl_gat import DGLGATAdapter
+
     edge_index, x, store = medium_graph
-    model = build("gat", D_IN, seed=5)
+    model = build(family, D_IN, seed=5)
     want = DGL.forward(model, edge_index, x)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
     sources: list[int] = []
-    real = LayerTableCache.get
+    real = DGLGATAdapter._make_table
 
-    def spy(self, x, key, batch, make):
-        return real(self, x, key, batch, lambda: sources.append(batch.layer) or make())
+    def spy(self, x):
+        sources.append(int(x.shape[1]))
+        return real(self, x)
 
-    monkeypatch.setattr(LayerTableCache, "get", spy)
-    assert_exact(ev.evaluate(), want, "gat full")
+    monkeypatch.setattr(DGLGATAdapter, "_make_table", spy)
+    assert_exact(ev.evaluate(), want, f"{family} full")
     layers = [ly for ly in ev.last_stats.layers if ly.layer > 0]
     assert all(ly.gather_free and ly.batches > 1 for ly in layers), layers
-    assert sources == [1, 2]  # one source table per layer, not per batch
+    assert sources == [D_IN, 24]  # one source table per layer, not per batch
+    assert [ly.freed_inputs for ly in layers] == freed
+    assert all(a._source._entry is None for a in ev.split.adapters.values())  # dropped
     targets = torch.tensor([2999, 0, 17, 1500])
-    assert_exact(ev.evaluate(targets=targets), want[targets], "gat partial")
+    assert_exact(ev.evaluate(targets=targets), want[targets], f"{family} partial")
     assert not any(ly.gather_free for ly in ev.last_stats.layers)
 
 

@@ -342,6 +342,21 @@ class ConvAdapter(nn.Module):
         partial frontier must not pay for."""
         return False
 
+    @property
+    def full_layer_table_only(self) -> bool:
+        """Whether on a full layer this adapter can derive its source table before the
+        first batch (:meth:`derive_full_layer_table`) and its batches then read nothing of
+        the input itself, so the engine may free an input no later block reads."""
+        return False
+
+    def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
+        """Derive full layer ``layer``'s source table from ``x`` now, for batches that are
+        given ``stand_in`` (:func:`~hopserve.worker.convs.layer_table.stand_in`) instead."""
+        raise NotImplementedError(type(self).__name__)
+
+    def drop_full_layer_table(self) -> None:
+        """Drop the table of :meth:`derive_full_layer_table` (the engine, after the layer)."""
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Bytes per in-edge this conv allocates on a batch (CPU memory accounting).
 

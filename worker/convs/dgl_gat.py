@@ -62,6 +62,29 @@ class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
             and {inp.param for inp in self.edge_inputs} <= {"edge_weight"}
         )
 
+    @property
+    def _table_only(self) -> bool:
+        return self.conv.res_fc is None
+
+    def _table_key(self, layer: int) -> tuple:
+        conv = self.conv
+        return (layer, _params_key(*conv.fc.parameters(), conv.attn_l))
+
+    def _make_table(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``W h`` per head ``[H, N, D]`` and ``e^l`` ``[N, H, 1]``: one GEMM per head
+        straight into its contiguous slice (no ``[N, H·D]`` projection and transposed copy
+        of it at once: the table is the peak)."""
+        conv = self.conv
+        heads, width = conv._num_heads, conv._out_feats
+        weight = conv.fc.weight.view(heads, width, -1)
+        ft = x.new_empty((heads, x.shape[0], width))
+        for h in range(heads):
+            torch.matmul(x, weight[h].t(), out=ft[h])
+        if conv.fc.bias is not None:
+            ft += conv.fc.bias.view(heads, 1, width)
+        el = torch.bmm(ft, conv.attn_l.view(heads, width, 1))  # [H, N, 1]
+        return ft, el.transpose(0, 1).contiguous()
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         # logits, leaky-relu'd logits, softmax per head, CSR indices/values per head
         return 24 + 16 * int(self.conv._num_heads)
@@ -77,13 +100,8 @@ class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
                 "invalid (GATConv with allow_zero_in_degree=False)."
             )
 
-        def make() -> tuple[Tensor, Tensor]:
-            ft = conv.fc(x).view(x.shape[0], heads, width)
-            el = (ft * conv.attn_l).sum(dim=-1).unsqueeze(-1)
-            return ft.transpose(0, 1).contiguous(), el  # one contiguous [N, D] per head
-
-        key = (batch.layer, _params_key(*conv.fc.parameters(), conv.attn_l))
-        ft, el = self._source.get(x, key, batch, make)
+        key = self._table_key(batch.layer)
+        ft, el = self._source.get(x, key, batch, lambda: self._make_table(x))
         a, b = batch.dst_start, batch.dst_start + batch.num_dst
         er = (ft[:, a:b].transpose(0, 1) * conv.attn_r).sum(dim=-1).unsqueeze(-1)
         dst_index = torch.repeat_interleave(

@@ -81,28 +81,45 @@ class GATAdapter(FullLayerPath, MessagePassingAdapter):
         # per head
         return 9 + 16 * int(self.conv.heads)
 
+    def _lins(self) -> tuple[nn.Module, nn.Module]:
+        """The source and destination projections (PyG >= 2.6 shares one ``lin``; 2.5
+        shares ``lin_src`` as ``lin_dst``)."""
+        conv = self.conv
+        shared = getattr(conv, "lin", None)
+        if shared is not None:
+            return shared, shared
+        return conv.lin_src, conv.lin_dst
+
+    @property
+    def _table_only(self) -> bool:
+        lin_src, lin_dst = self._lins()
+        return lin_dst is lin_src and getattr(self.conv, "res", None) is None
+
+    def _table_key(self, layer: int) -> tuple:
+        params = (*self._lins()[0].parameters(), self.conv.att_src)
+        return (layer, *((id(p), p._version) for p in params))
+
+    def _make_table(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``Θ^h x`` per head ``[H, N, C]`` and the source logits ``[N, H]``: one GEMM per
+        head straight into its contiguous slice (no ``[N, H·C]`` projection and transposed
+        copy of it at once: the table is the peak)."""
+        conv, lin_src = self.conv, self._lins()[0]
+        heads, width = conv.heads, conv.out_channels
+        weight = lin_src.weight.view(heads, width, -1)
+        table = x.new_empty((heads, x.shape[0], width))
+        for h in range(heads):
+            torch.matmul(x, weight[h].t(), out=table[h])
+        if lin_src.bias is not None:
+            table += lin_src.bias.view(heads, 1, width)
+        logit = torch.bmm(table, conv.att_src.view(heads, width, 1)).squeeze(2)
+        return table, logit.t().contiguous()
+
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         conv = self.conv
         heads, width = conv.heads, conv.out_channels
-        shared = getattr(conv, "lin", None)  # PyG >= 2.6; 2.5 shares lin_src as lin_dst
-        lin_src = shared if shared is not None else conv.lin_src
-        lin_dst = shared if shared is not None else conv.lin_dst
-
-        def make() -> tuple[Tensor, Tensor]:
-            # Θ^h x per head straight into one contiguous [N, C] slice each (no [N, H·C]
-            # projection and transposed copy of it at once: the table is the peak)
-            weight = lin_src.weight.view(heads, width, -1)
-            table = x.new_empty((heads, x.shape[0], width))
-            for h in range(heads):
-                torch.matmul(x, weight[h].t(), out=table[h])
-            if lin_src.bias is not None:
-                table += lin_src.bias.view(heads, 1, width)
-            logit = torch.bmm(table, conv.att_src.view(heads, width, 1)).squeeze(2)
-            return table, logit.t().contiguous()  # [H, N, C], [N, H]
-
-        params = (*lin_src.parameters(), conv.att_src)
-        key = (batch.layer, *((id(p), p._version) for p in params))
-        table, src_logit = self._source.get(x, key, batch, make)
+        lin_src, lin_dst = self._lins()
+        key = self._table_key(batch.layer)
+        table, src_logit = self._source.get(x, key, batch, lambda: self._make_table(x))
 
         a, b = batch.dst_start, batch.dst_start + batch.num_dst
         x_dst = batch.dst_rows(x)

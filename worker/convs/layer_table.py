@@ -18,12 +18,28 @@ from torch import Tensor
 
 from hopserve.worker.convs.base import LayerBatch
 
-__all__ = ["FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer"]
+__all__ = [
+    "FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer", "is_stand_in", "stand_in",
+]  # fmt: skip
 
 
 def full_layer(batch: LayerBatch) -> bool:
     """Whether ``batch`` belongs to a full gather-free layer (all nodes, storage order)."""
     return batch.global_src_size is not None and batch.dst_start is not None
+
+
+def stand_in(x: Tensor) -> Tensor:
+    """A data-free tensor with ``x``'s shape, dtype and device (one element, zero strides):
+    what a full layer's batches are given in place of an input the engine freed once
+    every reader derived its table from it (:meth:`ConvAdapter.derive_full_layer_table`).
+    Reading its values is a bug; :class:`LayerTableCache` refuses to derive from it."""
+    s = torch.empty((), dtype=x.dtype, device=x.device).expand(x.shape)
+    s._hopserve_stand_in = True
+    return s
+
+
+def is_stand_in(x: Tensor) -> bool:
+    return getattr(x, "_hopserve_stand_in", False)
 
 
 def csr_weighted_sum(
@@ -64,6 +80,30 @@ class FullLayerPath:
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         raise NotImplementedError
 
+    # A full layer's source table derived up front, so the engine can free the input.
+    _source: LayerTableCache
+
+    @property
+    def full_layer_table_only(self) -> bool:
+        return self._full_layer_path and self._table_only
+
+    @property
+    def _table_only(self) -> bool:
+        """Whether full-layer batches read only the source table (not ``x``'s rows)."""
+        return False
+
+    def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
+        self._source.put(stand_in, self._table_key(layer), self._make_table(x))
+
+    def drop_full_layer_table(self) -> None:
+        self._source.clear()
+
+    def _table_key(self, layer: int) -> Hashable:
+        raise NotImplementedError
+
+    def _make_table(self, x: Tensor) -> Any:
+        raise NotImplementedError
+
 
 def _last_of_layer(batch: LayerBatch) -> bool:
     return batch.dst_start + batch.num_dst >= batch.global_src_size
@@ -78,11 +118,16 @@ class LayerTableCache:
     ``N × min(in, out)`` values). The entry is keyed by ``x`` itself (a weak reference, its
     in-place version counter), the caller's key (layer, weight versions, sampling …), and
     is only ever returned for the very tensor it was derived from.
+
+    A table derived up front (:meth:`put`, keyed by the :func:`stand_in` the batches get
+    instead of the freed input) stays until :meth:`clear`: the engine clears it after the
+    layer, so a batch redone after running out of memory still finds it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entry: tuple[weakref.ref, int, Hashable, Any] | None = None
+        self._pinned = False
 
     def get(self, x: Tensor, key: Hashable, batch: LayerBatch, make: Callable[[], Any]) -> Any:
         """The table for ``(x, key)``, made by ``make()`` on a miss (a tensor, or a tuple of
@@ -91,12 +136,27 @@ class LayerTableCache:
             e = self._entry
             hit = e is not None and e[0]() is x and e[1] == x._version and e[2] == key
             value = e[3] if hit else None
+            pinned = hit and self._pinned
         if value is None:
+            if is_stand_in(x):
+                raise RuntimeError(
+                    f"layer {batch.layer}: no table derived for this layer's freed input "
+                    "(the engine derives it before the layer's first batch)"
+                )
             value = make()
             with self._lock:
-                self._entry = (weakref.ref(x), x._version, key, value)
-        if _last_of_layer(batch):
+                self._entry, self._pinned = (weakref.ref(x), x._version, key, value), False
+        if _last_of_layer(batch) and not pinned:
             with self._lock:
                 if self._entry is not None and self._entry[3] is value:
                     self._entry = None
         return value
+
+    def put(self, x: Tensor, key: Hashable, value: Any) -> None:
+        """Keep ``value`` as the table for ``(x, key)`` until :meth:`clear`."""
+        with self._lock:
+            self._entry, self._pinned = (weakref.ref(x), x._version, key, value), True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entry, self._pinned = None, False

@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 from hopserve.proto.contract import LayerStats, RunStats
+from hopserve.worker.convs.base import ConvAdapter
+from hopserve.worker.convs.layer_table import stand_in
 from hopserve.worker.engine.batch import PreparedBatch, prepare
 from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
 from hopserve.worker.engine.device_graph import DeviceGraph
@@ -213,10 +215,54 @@ class LayerwiseRun:
         sizer: BatchSizer = ctx.sizer_for(block, self.peak.target(ctx.memory_budget_bytes))
         gather_free = self._gather_free(block)
         lstats.gather_free = gather_free
-        self._batches(
-            block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar,
-            out_rows=count + reused,
-        )  # fmt: skip
+        holders: list[ConvAdapter] = []  # adapters holding a table derived up front
+        try:
+            if gather_free and rows is None and not frontier.sampled:
+                self._free_table_only_inputs(block, lstats, holders)
+            self._batches(
+                block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar,
+                out_rows=count + reused,
+            )  # fmt: skip
+        finally:
+            for adapter in holders:
+                adapter.drop_full_layer_table()
+
+    def _free_table_only_inputs(
+        self, block: ConvBlock, lstats: LayerStats, holders: list[ConvAdapter]
+    ) -> None:
+        """Free the full layer's inputs that its convs read only through source tables.
+
+        An input no later block reads, read by this block through convs only, each of
+        which can derive its source table up front and then read nothing else of it (GAT:
+        the projected heads and their logits): the tables are derived now, the input is
+        freed, and the batches get a :func:`stand_in`. Peak: input + tables while deriving,
+        then tables + output, instead of all three at once.
+        """
+        split = self.ctx.split
+        for spec in block.inputs:
+            if (
+                spec.rows != SRC
+                or spec.producer == FEATURES  # the graph's own table stays
+                or spec.read_on_dst
+                or not spec.src_convs
+                or spec.name == split.output
+                or split.last_use.get(spec.name, -1) > block.index
+            ):
+                continue
+            adapters = [split.adapters[c] for c in spec.src_convs]
+            if not all(a.full_layer_table_only for a in adapters):
+                continue
+            x, rows = self.stored[spec.name]
+            placeholder = stand_in(x)
+            for adapter in adapters:
+                holders.append(adapter)
+                with torch.no_grad():
+                    adapter.derive_full_layer_table(x, placeholder, block.index)
+            # The allocator's account is settled when the block ends, as for every value
+            # (the stand-in has the input's shape, so the same bytes are returned then).
+            self.stored[spec.name] = (placeholder, rows)
+            del x
+            lstats.freed_inputs += 1
 
     def _gather_free(self, block: ConvBlock) -> bool:
         """Whether every source-row input can be handed over whole (no per-batch gather).

@@ -34,6 +34,8 @@ class BlockInput:
     # Convs reading it over source rows, when only convs do (else None): such inputs can
     # be handed over whole, without a gather, to adapters that support it.
     src_convs: tuple[str, ...] | None = None
+    # Whether the block reads its destination rows too (``dst_rows``), besides the convs.
+    read_on_dst: bool = False
 
 
 @dataclass

@@ -405,7 +405,9 @@ class _BlockCodegen:
             for user in node.users:
                 if user.op == "call_module" and user.target in adapter_to_conv:
                     convs.append(adapter_to_conv[user.target])
-                elif not (user.op == "call_function" and user.target is dst_rows):
+                elif user.op == "call_function" and user.target is dst_rows:
+                    spec.read_on_dst = True
+                else:
                     break
             else:
                 spec.src_convs = tuple(convs)

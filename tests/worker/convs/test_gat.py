@@ -19,7 +19,6 @@ from torch_geometric.nn import GATConv
 
 from hopserve import LayerwiseEvaluator
 from hopserve.worker.convs.gat import GATAdapter
-from hopserve.worker.convs.layer_table import LayerTableCache
 
 VARIANTS = {
     "heads3-concat": {"heads": 3},
@@ -66,19 +65,25 @@ def test_random_graphs_full_and_partial(family, case):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_full_layers_read_a_once_per_layer_source_table(variant, medium_graph, monkeypatch):
     """Every conv layer is gather-free and builds its source table once, not per batch;
-    partial frontiers gather and still agree (``check_medium_graph``)."""
+    the second layer's input is freed once its table is derived, unless the conv reads
+    it again (residual, separate destination weights); partial frontiers gather and still
+    agree (``check_medium_graph``)."""
     built: list[int] = []
-    real = LayerTableCache.get
+    real = GATAdapter._make_table
 
-    def spy(self, x, key, batch, make):
-        return real(self, x, key, batch, lambda: built.append(batch.layer) or make())
+    def spy(self, x):
+        built.append(int(x.shape[1]))
+        return real(self, x)
 
     ev = LayerwiseEvaluator(model(variant), medium_graph[2], init_batch_nodes=97, progress=False)
-    monkeypatch.setattr(LayerTableCache, "get", spy)  # after the load-time self-check
+    monkeypatch.setattr(GATAdapter, "_make_table", spy)  # after the load-time self-check
     ev.evaluate()
     layers = [ly for ly in ev.last_stats.layers if ly.layer > 0]
     assert all(ly.gather_free and ly.batches > 1 for ly in layers), layers
-    assert built == [1, 2]
+    hidden = 4 * VARIANTS[variant]["heads"] if VARIANTS[variant].get("concat", True) else 4
+    assert built == [D_IN, hidden]  # one table per layer, from its whole input
+    table_only = variant not in ("residual", "src-dst-weights")
+    assert [ly.freed_inputs for ly in layers] == [0, int(table_only)]
     assert all(isinstance(a, GATAdapter) for a in ev.split.adapters.values())
     check_medium_graph(PYG, model(variant), medium_graph, variant)
 

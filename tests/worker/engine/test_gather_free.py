@@ -83,3 +83,72 @@ def test_residual_reads_destination_rows_of_the_table(graph):
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(x, edge_index), "jk")
     assert any(layer.gather_free for layer in ev.last_stats.layers)
+
+
+class _GATStack(torch.nn.Module):
+    """Three PyG ``GATConv`` layers; ``skip``: the third layer adds its input's
+    destination rows back; ``jump``: the output concatenates the first layer's rows."""
+
+    def __init__(self, skip: bool = False, jump: bool = False) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATConv
+
+        torch.manual_seed(5)
+        self.convs = torch.nn.ModuleList(
+            [GATConv(6, 4, heads=2), GATConv(8, 4, heads=2), GATConv(8, 4, heads=2)]
+        )
+        self.skip, self.jump = skip, jump
+
+    def forward(self, x, edge_index):
+        h1 = self.convs[0](x, edge_index).relu()
+        h2 = self.convs[1](h1, edge_index).relu()
+        h3 = self.convs[2](h2, edge_index)
+        if self.skip:
+            h3 = h3 + h2
+        return torch.cat([h1, h3], dim=1) if self.jump else h3
+
+
+@pytest.mark.parametrize(
+    ("skip", "jump", "freed"),
+    [(False, False, [0, 1, 1]), (True, False, [0, 1, 0]), (False, True, [0, 0, 1])],
+)
+def test_inputs_read_only_through_source_tables_are_freed(graph, skip, jump, freed):
+    """A layer's input is freed before its batches only when its convs read it through
+    their derived tables alone and no later block reads it: not when the block adds its
+    rows back (``skip``), nor when the output reads the first layer again (``jump``)."""
+    edge_index, x, store = graph
+    model = _GATStack(skip, jump).eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), f"skip={skip} jump={jump}")
+    layers = [layer for layer in ev.last_stats.layers if layer.layer > 0]
+    assert all(layer.gather_free and layer.batches > 1 for layer in layers)
+    assert [layer.freed_inputs for layer in layers] == freed
+    ids = torch.tensor([3, 5, 899])  # partial frontiers keep their inputs
+    with torch.no_grad():
+        assert_exact(ev.evaluate(targets=ids), model(x, edge_index)[ids], "partial")
+    assert not any(layer.freed_inputs for layer in ev.last_stats.layers)
+
+
+def test_a_stand_in_never_derives_a_table():
+    """A table derived up front stays past the layer's last batch (a batch redone after
+    running out of memory still finds it) until cleared; after that, reading the freed
+    input's stand-in is an error, never a table made from its placeholder value."""
+    from hopserve.worker.convs.base import LayerBatch
+    from hopserve.worker.convs.layer_table import LayerTableCache, stand_in
+
+    x = torch.randn(10, 3)
+    s = stand_in(x)
+    assert s.shape == x.shape and s.dtype == x.dtype and s.untyped_storage().nbytes() == 4
+    cache = LayerTableCache()
+    cache.put(s, "k", x * 2)
+    indptr = torch.zeros(3, dtype=torch.long)
+    last = LayerBatch(
+        src_nodes=torch.arange(2), num_dst=2, indptr=indptr, src_index=indptr[:0],
+        edge_ids=indptr[:0], layer=2, global_src_size=10, dst_start=8,
+    )  # fmt: skip
+    for _ in range(2):
+        assert torch.equal(cache.get(s, "k", last, lambda: pytest.fail("rebuilt")), x * 2)
+    cache.clear()
+    with pytest.raises(RuntimeError, match="layer 2: no table derived"):
+        cache.get(s, "k", last, lambda: s * 2)
