@@ -9,7 +9,10 @@ on the in-degree prefix sums). After batch :math:`k` with measured peak :math:`M
 with :math:`M` the memory target (90% of free device memory, capped by the configured
 budget, or 80% of the CPU byte budget; :meth:`PeakMemory.target`).
 ``r`` is clamped to ``[1/4, 2]`` per step so one tiny batch cannot make the next one
-explode. An out-of-memory batch halves both thresholds and is redone.
+explode, and a batch cut short by the end of its layer (not by a threshold) may shrink
+the thresholds but never grow them: its peak says nothing about a batch at the
+thresholds, and the sizer carries them into the next run's first batch. An
+out-of-memory batch halves both thresholds and is redone.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class BatchSizer:
     max_growth: float = 2.0
     node_cap: float = float("inf")  # no batch needs more than the block's rows ...
     edge_cap: float = float("inf")  # ... or the graph's edges
+    # Output bytes per destination row, learned from a batch: the CPU budget check of a
+    # layer's first batch in the next run predicts its outputs from it.
+    out_row_bytes: int = 0
 
     def next_end(self, cum_degree: Tensor, start: int) -> int:
         """End (exclusive) of the batch starting at row ``start``; at least one row.
@@ -64,11 +70,14 @@ class BatchSizer:
         by_edges = int(torch.searchsorted(cum_degree, limit, right=True)) - 1
         return max(start + 1, min(by_nodes, by_edges))
 
-    def observe(self, peak_bytes: int) -> None:
-        """Scale thresholds by ``r = M / M_k`` after a successful batch."""
+    def observe(self, peak_bytes: int, *, at_thresholds: bool = True) -> None:
+        """Scale thresholds by ``r = M / M_k`` after a successful batch (``r <= 1`` when
+        the batch was not ``at_thresholds``: cut short by the end of its rows)."""
         if peak_bytes <= 0:
             return
         r = min(self.max_growth, max(self.min_growth, self.target_bytes / peak_bytes))
+        if not at_thresholds:
+            r = min(r, 1.0)
         self.max_nodes = min(self.node_cap, max(1.0, self.max_nodes * r))
         self.max_edges = min(self.edge_cap, max(1.0, self.max_edges * r))
 

@@ -346,7 +346,7 @@ class LayerwiseRun:
             sizer.halve()
 
         start = 0
-        out_row_bytes = 0  # learned from the first batch's outputs
+        out_row_bytes = sizer.out_row_bytes  # learned from a batch's outputs
         t = time.perf_counter()
         job, rows = submit(0) if count else (None, 0)
         while start < count:
@@ -379,9 +379,9 @@ class LayerwiseRun:
                 job, rows = submit(start)
                 continue
             out_bytes = self._write(block, prepared, outs, outputs, positions, out_rows)
-            out_row_bytes = out_bytes // max(1, num_dst)
+            out_row_bytes = sizer.out_row_bytes = out_bytes // max(1, num_dst)
             used = self.peak.stop(prepared.bytes_in + OUTPUT_FACTOR * out_bytes)
-            sizer.observe(used)
+            sizer.observe(used, at_thresholds=prepared.end < count)
             lstats.peak_bytes = max(lstats.peak_bytes, used)
             lstats.batches += 1
             lstats.input_nodes += prepared.batch.num_dst if gather_free else prepared.batch.num_src

@@ -43,6 +43,38 @@ def test_thresholds_follow_dgi_eq2():
     assert (sizer.max_nodes, sizer.max_edges) == (25, 250)
 
 
+def test_a_batch_cut_short_by_its_layer_never_grows_the_thresholds():
+    """The last batch of a layer is as small as the rows left: its low peak must not
+    grow the thresholds the next run's first batch starts from (it may still shrink
+    them)."""
+    sizer = BatchSizer(target_bytes=1000, max_nodes=100, max_edges=1000)
+    sizer.observe(100, at_thresholds=False)  # r would be 2
+    assert (sizer.max_nodes, sizer.max_edges) == (100, 1000)
+    sizer.observe(2000, at_thresholds=False)  # r = 1/2
+    assert (sizer.max_nodes, sizer.max_edges) == (50, 500)
+
+
+def test_every_runs_batches_stay_within_the_cpu_budget(graph):
+    """After the first run (whose first batches learn the outputs' size) no batch's
+    accounted peak passes the budget: a layer's first batch starts from thresholds no
+    short last batch inflated, and is checked against the outputs learned before."""
+    edge_index, x = graph
+    model = build("sage_mean", 6)
+    store = GraphStore.from_edge_index(edge_index, x)
+    budget = 100_000
+    ev = LayerwiseEvaluator(model, store, memory_budget_bytes=budget, progress=False)
+    with torch.no_grad():
+        want = model(x, edge_index)
+    peaks, halvings = [], []
+    for _ in range(4):
+        assert_exact(ev.evaluate(), want, "repeated runs")
+        peaks.append(max(layer.peak_bytes for layer in ev.last_stats.layers))
+        halvings.append(ev.last_stats.oom_halvings)
+    assert peaks[0] <= 2 * budget and max(peaks[1:]) <= budget, peaks
+    assert halvings[0] > 0 and halvings[1:] == [0, 0, 0], halvings  # no inflated thresholds
+    assert all(sizer.out_row_bytes > 0 for sizer in ev._sizers.values())
+
+
 def test_batch_cut_by_edge_prefix_sums():
     sizer = BatchSizer(target_bytes=1, max_nodes=10, max_edges=5)
     cum = torch.tensor([0, 2, 4, 6, 8, 10])  # degree 2 each
