@@ -25,9 +25,10 @@ pytestmark = pytest.mark.dgl
 
 @pytest.fixture
 def table_builds(monkeypatch):
-    """Counts the derived tables built (cache misses) during a test."""
+    """Counts the derived tables built (cache misses, and tables derived up front before
+    the layer's input is freed) during a test."""
     builds: list[tuple[int, ...]] = []
-    real = LayerTableCache.get
+    real_get, real_put = LayerTableCache.get, LayerTableCache.put
 
     def spy(self, x, key, batch, make):
         def counted():
@@ -35,9 +36,14 @@ def table_builds(monkeypatch):
             builds.append(tuple(t.shape))
             return t
 
-        return real(self, x, key, batch, counted)
+        return real_get(self, x, key, batch, counted)
+
+    def spy_put(self, x, key, value):
+        builds.append(tuple(value.shape))
+        real_put(self, x, key, value)
 
     monkeypatch.setattr(LayerTableCache, "get", spy)
+    monkeypatch.setattr(LayerTableCache, "put", spy_put)
     return builds
 
 
@@ -54,6 +60,9 @@ def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_b
     # Only the in > out layer builds a table: (c_out ⊙ x) W or fc_neigh(x), 16 -> 5, once;
     # the others read x in place (GraphConv with c_out as each edge's factor).
     assert table_builds == [(store.num_nodes, 5)], (table_builds, many)
+    # GraphConv's table is all its last layer reads: its input is freed once it is built
+    freed = [ly.freed_inputs for ly in stats.layers if ly.layer > 0]
+    assert freed[-1] == int(family.startswith("gcn")) and sum(freed[:-1]) == 0, freed
 
 
 @pytest.mark.parametrize(("family", "freed"), [("gat", [0, 0]), ("gat_plain", [0, 1])])

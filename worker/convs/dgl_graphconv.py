@@ -184,13 +184,36 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             scale = self.source_norm(batch).to(x.device)[batch.src_index]
             return self._aggregate(x, batch, projected=False, edge_scale=scale)
 
-        def make() -> Tensor:
-            t = _scale_rows(x, self.source_norm(batch).to(x.device))
-            return torch.matmul(t, weight)
-
-        key = (batch.layer, batch.sampling, (id(weight), getattr(weight, "_version", 0)))
-        table = self._tables.get(x, key, batch, make)
+        key = self._table_key(batch.layer, batch.sampling)
+        norm = self.source_norm(batch)
+        table = self._tables.get(x, key, batch, lambda: self._make_table(x, norm))
         return self._aggregate(table, batch, projected=True)
+
+    def _table_key(self, layer: int, sampling: Sampling | None) -> tuple:
+        weight = self.conv.weight
+        return (layer, sampling, (id(weight), getattr(weight, "_version", 0)))
+
+    def _make_table(self, x: Tensor, norm: Tensor) -> Tensor:
+        """``(c_out ⊙ x) W`` for every stored row."""
+        return torch.matmul(_scale_rows(x, norm.to(x.device)), self.conv.weight)
+
+    @property
+    def full_layer_table_only(self) -> bool:
+        """A full layer with ``in > out`` reads only ``(c_out ⊙ x) W`` (and the degrees)."""
+        conv = self.conv
+        return (
+            self.global_norm
+            and self.supports_global_src
+            and conv.weight is not None
+            and conv._in_feats > conv._out_feats
+        )
+
+    def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
+        table = self._make_table(x, self._src_norm)  # the whole graph's c_out (exact layers)
+        self._tables.put(stand_in, self._table_key(layer, None), table)
+
+    def drop_full_layer_table(self) -> None:
+        self._tables.clear()
 
     def _aggregate(
         self, src: Tensor, batch: LayerBatch, *, projected: bool, edge_scale: Tensor | None = None

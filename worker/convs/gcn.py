@@ -402,13 +402,28 @@ class GCNAdapter(ConvAdapter):
         if self._aggregates_first(x, batch, adj):
             out = conv.lin(spmm(adj, x, reduce=conv.aggr))
         elif full_layer(batch):  # x Θ once per layer, read by every batch
-            weight = conv.lin.weight
-            key = (batch.layer, id(weight), weight._version)
+            key = self._table_key(batch.layer)
             table = self._tables.get(x, key, batch, lambda: conv.lin(x))
             out = spmm(adj, table, reduce=conv.aggr)
         else:
             out = spmm(adj, conv.lin(x), reduce=conv.aggr)
         return out if conv.bias is None else out + conv.bias
+
+    def _table_key(self, layer: int) -> tuple:
+        weight = self.conv.lin.weight
+        return (layer, id(weight), weight._version)
+
+    @property
+    def full_layer_table_only(self) -> bool:
+        """A full layer that projects first (``in > out``) reads only ``x Θ``."""
+        d_out, d_in = self.conv.lin.weight.shape
+        return self.supports_global_src and d_in > d_out
+
+    def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
+        self._tables.put(stand_in, self._table_key(layer), self.conv.lin(x))
+
+    def drop_full_layer_table(self) -> None:
+        self._tables.clear()
 
     def _aggregates_first(self, x: Tensor, batch: LayerBatch, adj: Tensor) -> bool:
         r"""Whether :math:`(\hat A x)\,\Theta` costs less than :math:`\hat A (x\Theta)` (the

@@ -31,6 +31,9 @@ def test_full_evaluation_reads_in_place_and_is_exact(graph, family):
     conv_layers = [layer for layer in ev.last_stats.layers if layer.layer > 0]
     assert any(layer.gather_free for layer in conv_layers)
     assert ev.last_stats.batches > len(ev.last_stats.layers)  # several batches per layer
+    # GCN's second layer (16 -> 5) reads only x Θ: its input is freed once that is built
+    freed = [layer.freed_inputs for layer in conv_layers]
+    assert freed == ([0, 1] if family.startswith("gcn") else [0] * len(conv_layers)), freed
 
 
 @pytest.mark.parametrize("family", FULL_LAYER_FAMILIES)
