@@ -416,8 +416,10 @@ class GCNAdapter(ConvAdapter):
     @property
     def full_layer_table_only(self) -> bool:
         """A full layer that projects first (``in > out``) reads only ``x Θ``."""
+        if not self.supports_global_src:
+            return False
         d_out, d_in = self.conv.lin.weight.shape
-        return self.supports_global_src and d_in > d_out
+        return d_in > d_out
 
     def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
         self._tables.put(stand_in, self._table_key(layer), self.conv.lin(x))

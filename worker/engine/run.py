@@ -106,6 +106,7 @@ class LayerwiseRun:
             device_fraction=ctx.device_tier_fraction,
         )
         self.stored: dict[str, tuple[Tensor, Tensor | None]] = {}  # name -> (rows, their ids)
+        self._freed: set[str] = set()  # inputs freed behind their source tables
         self.peak = PeakMemory(ctx.device)
 
     # ------------------------------------------------------------------ blocks
@@ -125,7 +126,9 @@ class LayerwiseRun:
                     torch.cuda.synchronize(ctx.device)
                 for name in list(self.stored):
                     if split.last_use.get(name, -1) <= block.index and name != split.output:
-                        self.allocator.release(name, self.stored.pop(name)[0])
+                        value = self.stored.pop(name)[0]
+                        if name not in self._freed:  # (a freed input's account is settled)
+                            self.allocator.release(name, value)
             self.stats.tiers = dict(self.allocator.tiers)
             return self.stored[split.output]
         finally:
@@ -212,13 +215,15 @@ class LayerwiseRun:
             degrees = graph.in_degrees[rows]
         cum = torch.zeros(count + 1, dtype=torch.long)
         torch.cumsum(degrees, 0, out=cum[1:])
-        sizer: BatchSizer = ctx.sizer_for(block, self.peak.target(ctx.memory_budget_bytes))
         gather_free = self._gather_free(block)
         lstats.gather_free = gather_free
         holders: list[ConvAdapter] = []  # adapters holding a table derived up front
         try:
             if gather_free and rows is None and not frontier.sampled:
                 self._free_table_only_inputs(block, lstats, holders)
+            # After the tables: a device's memory target sees what they hold
+            target = self.peak.target(ctx.memory_budget_bytes)
+            sizer: BatchSizer = ctx.sizer_for(block, target)
             self._batches(
                 block, frontier, cum, sizer, outputs, positions, gather_free, lstats, bar,
                 out_rows=count + reused,
@@ -247,6 +252,8 @@ class LayerwiseRun:
                 or not spec.src_convs
                 or spec.name == split.output
                 or split.last_use.get(spec.name, -1) > block.index
+                # a conv also called on another value holds one table per layer
+                or any(block.convs.count(c) != spec.src_convs.count(c) for c in spec.src_convs)
             ):
                 continue
             adapters = [split.adapters[c] for c in spec.src_convs]
@@ -258,9 +265,9 @@ class LayerwiseRun:
                 holders.append(adapter)
                 with torch.no_grad():
                     adapter.derive_full_layer_table(x, placeholder, block.index)
-            # The allocator's account is settled when the block ends, as for every value
-            # (the stand-in has the input's shape, so the same bytes are returned then).
             self.stored[spec.name] = (placeholder, rows)
+            self.allocator.release(spec.name, x)  # the block's outputs may take its place
+            self._freed.add(spec.name)
             del x
             lstats.freed_inputs += 1
 

@@ -155,3 +155,53 @@ def test_a_stand_in_never_derives_a_table():
     cache.clear()
     with pytest.raises(RuntimeError, match="layer 2: no table derived"):
         cache.get(s, "k", last, lambda: s * 2)
+
+
+class _SharedLastConv(torch.nn.Module):
+    """One conv called on two values in a layer: ``c(a(x)) + c(b(x))``; ``again``: the
+    next layer reads ``b(x)`` once more. ``kind``: GCN (16 -> 5 projects first) or GAT."""
+
+    def __init__(self, kind: str, again: bool) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATConv, GCNConv
+
+        torch.manual_seed(7)
+        self.a, self.b = GCNConv(6, 16), GCNConv(6, 16)
+        self.c = GCNConv(16, 5) if kind == "gcn" else GATConv(16, 4, heads=2)
+        self.d = GCNConv(16, 3) if again else None
+
+    def forward(self, x, edge_index):
+        h1, h2 = self.a(x, edge_index).relu(), self.b(x, edge_index).relu()
+        out = self.c(h1, edge_index) + self.c(h2, edge_index)
+        if self.d is not None:
+            out = torch.cat([out, self.d(h2, edge_index)], dim=1)
+        return out
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gat"])
+@pytest.mark.parametrize("again", [False, True])
+def test_a_conv_called_on_two_values_keeps_its_inputs(graph, kind, again):
+    """A conv holds one source table per layer: called on two values in one block, it
+    derives neither up front and both stay stored (exact, nothing freed)."""
+    edge_index, x, store = graph
+    model = _SharedLastConv(kind, again).eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), f"{kind} shared conv")
+    assert not any(layer.freed_inputs for layer in ev.last_stats.layers)
+
+
+def test_a_freed_input_returns_its_host_budget_to_the_layer_outputs(graph, tmp_path):
+    """Under a host budget of one layer's rows, a layer whose input is freed behind its
+    tables keeps its output in host memory instead of spilling it to disk."""
+    edge_index, x, store = graph
+    model = _GATStack().eval()
+    layer_bytes = store.num_nodes * 8 * 4  # every layer is 2 heads x 4 wide, float32
+    ev = LayerwiseEvaluator(
+        model, store, init_batch_nodes=64, host_memory_budget_bytes=layer_bytes + 1024,
+        spill_dir=str(tmp_path),
+    )  # fmt: skip
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "freed inputs, tight host budget")
+    assert [layer.freed_inputs for layer in ev.last_stats.layers if layer.layer > 0] == [0, 1, 1]
+    assert set(ev.last_stats.tiers.values()) == {"host"}, ev.last_stats.tiers
