@@ -126,15 +126,21 @@ class LayerwiseRun:
                     torch.cuda.synchronize(ctx.device)
                 for name in list(self.stored):
                     if split.last_use.get(name, -1) <= block.index and name != split.output:
-                        value = self.stored.pop(name)[0]
-                        if name not in self._freed:  # (a freed input's account is settled)
-                            self.allocator.release(name, value)
+                        self._release(name)
             self.stats.tiers = dict(self.allocator.tiers)
             return self.stored[split.output]
         finally:
             if bar is not None:
                 bar.close()
             self.allocator.close()
+
+    def _release(self, name: str) -> None:
+        """Drop a stored value (no reference to it outlives this call: a local would keep
+        a layer's rows alive through the next layer)."""
+        if name in self._freed:  # a freed input's account was settled when it was freed
+            del self.stored[name]
+        else:
+            self.allocator.release(name, self.stored.pop(name)[0])
 
     def _progress_bar(self):  # noqa: ANN202 - tqdm or None
         if not self.show_progress or self.ctx.progress is False:

@@ -205,3 +205,30 @@ def test_a_freed_input_returns_its_host_budget_to_the_layer_outputs(graph, tmp_p
         assert_exact(ev.evaluate(), model(x, edge_index), "freed inputs, tight host budget")
     assert [layer.freed_inputs for layer in ev.last_stats.layers if layer.layer > 0] == [0, 1, 1]
     assert set(ev.last_stats.tiers.values()) == {"host"}, ev.last_stats.tiers
+
+
+def test_no_layer_keeps_a_released_value_alive(graph, monkeypatch):
+    """A value the run stops storing is gone before the next layer runs (no reference to
+    it outlives its release), freed inputs included."""
+    import weakref
+
+    from hopserve.worker.engine.run import LayerwiseRun
+
+    edge_index, x, store = graph
+    seen: dict[str, weakref.ref] = {}
+    alive_after_release: list[tuple[int, str]] = []
+    real = LayerwiseRun._run_block
+
+    def spy(self, block, bar):
+        for name, ref in seen.items():
+            if name not in self.stored and ref() is not None:
+                alive_after_release.append((block.index, name))
+        real(self, block, bar)
+        seen.update({name: weakref.ref(t) for name, (t, _) in self.stored.items()})
+
+    model = _GATStack().eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    monkeypatch.setattr(LayerwiseRun, "_run_block", spy)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "released values")
+    assert len(seen) >= 3 and alive_after_release == [], alive_after_release
