@@ -65,14 +65,15 @@ def normalize_reorder(reorder: str | None) -> Ordering:
     raise ValueError(f"unknown reorder {reorder!r}: expected 'rcmk' or None/'none'")
 
 
-def _as_int64(a: Any, what: str) -> np.ndarray:
+def as_int64(a: Any, what: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.size == 0 and arr.dtype.kind not in "iu":  # e.g. an empty Python list
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{what} has values beyond the int64 range")
+        first = int(arr[arr > np.iinfo(np.int64).max][0])
+        raise ValueError(f"{what} has values beyond the int64 range (e.g. {first})")
     return arr.astype(np.int64, copy=False)
 
 
@@ -85,7 +86,7 @@ def validate_edges(src: Any, dst: Any, num_nodes: int) -> tuple[np.ndarray, np.n
     Raises:
         ValueError: naming the first offending edge.
     """
-    src, dst = _as_int64(src, "src"), _as_int64(dst, "dst")
+    src, dst = as_int64(src, "src"), as_int64(dst, "dst")
     if src.ndim != 1 or dst.ndim != 1 or src.size != dst.size:
         raise ValueError(f"src/dst must be 1-D of equal length, got {src.shape} and {dst.shape}")
     n = int(num_nodes)
@@ -102,7 +103,7 @@ def validate_edges(src: Any, dst: Any, num_nodes: int) -> tuple[np.ndarray, np.n
 
 def validate_labels(labels: Any, num_nodes: int) -> np.ndarray:
     """Labels: 1-D integers of length N, ``>= -1`` (``-1`` = unlabeled). Returns int64."""
-    arr = _as_int64(labels, "labels")
+    arr = as_int64(labels, "labels")
     if arr.shape != (num_nodes,):
         raise ValueError(f"labels must have shape [{num_nodes}], got {list(arr.shape)}")
     if arr.size and arr.min() < -1:
@@ -113,7 +114,7 @@ def validate_labels(labels: Any, num_nodes: int) -> np.ndarray:
 
 def validate_node_ids(node_ids: Any, num_nodes: int) -> np.ndarray:
     """External IDs: 1-D distinct integers of length N. Returns int64."""
-    arr = _as_int64(node_ids, "node_ids")
+    arr = as_int64(node_ids, "node_ids")
     if arr.shape != (num_nodes,):
         raise ValueError(f"node_ids must have shape [{num_nodes}], got {list(arr.shape)}")
     dup = first_duplicate(arr)

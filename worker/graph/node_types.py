@@ -362,14 +362,14 @@ def from_hetero(
             y = numpy(y).reshape(-1)
             labels[offsets[t] : offsets[t] + y.size] = y
     if node_ids_dict:
+        from hopserve.worker.graph.build import as_int64  # (build imports this module)
+
         unknown = [t for t in node_ids_dict if t not in names]
         if unknown:
             raise ValueError(f"node_ids_dict names node types the graph lacks: {unknown}")
         own = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
         for t, given in node_ids_dict.items():
-            given = numpy(given).reshape(-1)
-            if given.size and given.dtype.kind not in "iu":
-                raise ValueError(f"node_ids_dict[{t!r}] must be integer IDs, got {given.dtype}")
+            given = as_int64(numpy(given).reshape(-1), f"node_ids_dict[{t!r}]")
             count = counts[names.index(t)]
             if given.size != count:
                 raise ValueError(

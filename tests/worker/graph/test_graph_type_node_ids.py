@@ -123,7 +123,11 @@ def test_plain_typed_stores_stay_version_3(stores, tmp_path):
         ({"user": np.r_[USER_IDS[:-1], USER_IDS[3]]}, r"node type 'user': ID 3007 is repeated \(its nodes 3 and 29\)"),
         ({"user": USER_IDS[:-1]}, r"node_ids_dict\['user'\] has 29 IDs, the type 30 nodes"),
         ({"shop": USER_IDS}, r"node_ids_dict names node types the graph lacks: \['shop'\]"),
-        ({"user": USER_IDS + 0.5}, r"node_ids_dict\['user'\] must be integer IDs"),
+        ({"user": USER_IDS + 0.5}, r"node_ids_dict\['user'\] must be integers"),
+        (
+            {"user": np.r_[USER_IDS[:-1].astype(np.uint64), np.uint64(2**63 + 5)]},
+            r"node_ids_dict\['user'\] has values beyond the int64 range \(e.g. 9223372036854775813\)",
+        ),
     ],
 )  # fmt: skip
 def test_bad_ids_are_refused_naming_them(ids, message):
