@@ -4,6 +4,7 @@ Run in the DGL venv (``make dgl-env``; DGL 2.1 needs torch 2.2.1)::
 
     .venv-dgl/bin/python bench/dgl_compare.py                # default (see --help)
     .venv-dgl/bin/python bench/dgl_compare.py --quick        # 20K nodes, a few minutes
+    .venv-dgl/bin/python bench/dgl_compare.py --skip-partial --models gcn --merge  # re-run GCN
     .venv-dgl/bin/python bench/dgl_compare.py --nodes 2400000 --avg-degree 25 --device cuda
 
 (a) Full evaluation (DGI Table 2/3 analog), for GCN (``GraphConv``, norm "both"), GraphSAGE
@@ -206,6 +207,10 @@ def parse_args() -> argparse.Namespace:
     harness.add_io_args(p)
     p.add_argument("--skip-partial", action="store_true")
     p.add_argument("--skip-full", action="store_true")
+    p.add_argument(
+        "--merge", action="store_true",
+        help="keep the committed full-evaluation rows of (model, layers) not run now",
+    )  # fmt: skip
     # internal (one method in a subprocess)
     harness.add_child_args(
         p, "method", "model", "graph_rcmk", "graph_orig", "scratch", num_layers=int, fraction=float
@@ -250,7 +255,24 @@ def main() -> None:
                 partial.append(
                     run_partial(args, graphs, scratch, model, args.partial_layers, fraction, ref)
                 )
+    if args.merge and full:
+        full = merged(Path(args.out) / "dgl_full.json", full, models)
     report(args, graphs, full, partial, time.perf_counter() - t_start)
+
+
+def merged(path: Path, rows: list[dict], models: list[str]) -> list[dict]:
+    """The rows of an earlier run's ``path`` with this run's (model, layers) replaced; a
+    kept row says so (each row's ratios are from its own run)."""
+    import json
+
+    ran = {(r["model"], r["layers"]) for r in rows}
+    kept = [
+        r | {"merged_from_earlier_run": True}
+        for r in json.loads(path.read_text())["rows"]
+        if (r["model"], r["layers"]) not in ran
+    ]
+    order = {m: i for i, m in enumerate(dict.fromkeys(["gcn", "sage", "gat", "jknet", *models]))}
+    return sorted([*kept, *rows], key=lambda r: (order.get(r["model"], 99), r["layers"]))
 
 
 def reference(args, graphs, scratch: Path, model: str, layers: int):
@@ -403,7 +425,7 @@ def full_table(full: list[dict[str, Any]], model_mb: float) -> list[str]:
         )
         rows.append(
             [
-                row["model"],
+                row["model"] + (" (earlier run)" if row.get("merged_from_earlier_run") else ""),
                 row["layers"],
                 f"{r['hopserve']['seconds']:.2f}",
                 f"{r['hopserve-unordered']['seconds']:.2f}",
