@@ -232,3 +232,62 @@ def test_no_layer_keeps_a_released_value_alive(graph, monkeypatch):
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(x, edge_index), "released values")
     assert len(seen) >= 3 and alive_after_release == [], alive_after_release
+
+
+def _layer_hook(monkeypatch, hook):
+    """Run ``hook(batch, last)`` after each GAT full-layer batch of layer 2 computes."""
+    from hopserve.worker.convs.gat import GATAdapter
+    from hopserve.worker.convs.layer_table import _last_of_layer
+
+    real = GATAdapter._run_full_layer
+
+    def run(self, x, batch):
+        out = real(self, x, batch)
+        if batch.layer == 2:
+            hook(batch, _last_of_layer(batch))
+        return out
+
+    monkeypatch.setattr(GATAdapter, "_run_full_layer", run)
+
+
+def test_a_batch_redone_after_running_out_of_memory_finds_the_derived_table(graph, monkeypatch):
+    """The last batch of a freed layer runs out of memory after reading the table (as a
+    CUDA OOM in the conv does): the halved redo still finds the table, exactly."""
+    from hopserve.worker.engine.batching import BatchOutOfMemory
+
+    edge_index, x, store = graph
+    model = _GATStack().eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    raised = []
+
+    def oom_once(batch, last):
+        if last and not raised:
+            raised.append(batch.num_dst)
+            raise BatchOutOfMemory("simulated")
+
+    _layer_hook(monkeypatch, oom_once)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "redone after OOM")
+    layer2 = next(layer for layer in ev.last_stats.layers if layer.layer == 2)
+    assert raised and raised[0] > 1 and layer2.oom_halvings == 1 and layer2.freed_inputs == 1
+
+
+def test_a_layer_that_fails_midway_drops_its_derived_tables(graph, monkeypatch):
+    """An error in the middle of a freed layer leaves no table behind, and the next run
+    is exact."""
+    edge_index, x, store = graph
+    model = _GATStack().eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    calls = []
+
+    def fail_second(batch, last):
+        calls.append(batch.num_dst)
+        if len(calls) == 2:
+            raise ValueError("simulated failure")
+
+    _layer_hook(monkeypatch, fail_second)
+    with pytest.raises(ValueError, match="simulated failure"):
+        ev.evaluate()
+    assert all(a._source._entry is None for a in ev.split.adapters.values())
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "after a failed run")
