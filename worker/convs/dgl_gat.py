@@ -33,7 +33,7 @@ from hopserve.worker.convs.dgl_conv import (
     csr_weighted_sum,
     dgl_block,
 )
-from hopserve.worker.convs.layer_table import FullLayerPath
+from hopserve.worker.convs.layer_table import FullLayerPath, per_head_table
 
 __all__ = ["DGLGATAdapter"]
 
@@ -71,18 +71,11 @@ class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
         return (layer, _params_key(*conv.fc.parameters(), conv.attn_l))
 
     def _make_table(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``W h`` per head ``[H, N, D]`` and ``e^l`` ``[N, H, 1]``: one GEMM per head
-        straight into its contiguous slice (no ``[N, H·D]`` projection and transposed copy
-        of it at once: the table is the peak)."""
+        """``W h`` per head ``[H, N, D]`` and ``e^l`` ``[N, H, 1]``."""
         conv = self.conv
-        heads, width = conv._num_heads, conv._out_feats
-        weight = conv.fc.weight.view(heads, width, -1)
-        ft = x.new_empty((heads, x.shape[0], width))
-        for h in range(heads):
-            torch.matmul(x, weight[h].t(), out=ft[h])
-        if conv.fc.bias is not None:
-            ft += conv.fc.bias.view(heads, 1, width)
-        el = torch.bmm(ft, conv.attn_l.view(heads, width, 1))  # [H, N, 1]
+        ft, el = per_head_table(
+            x, conv.fc.weight, conv.fc.bias, conv.attn_l, conv._num_heads, conv._out_feats
+        )
         return ft, el.transpose(0, 1).contiguous()
 
     def edge_bytes(self, src_row_bytes: int) -> int:

@@ -31,7 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import LayerBatch
-from hopserve.worker.convs.layer_table import FullLayerPath, LayerTableCache, csr_weighted_sum
+from hopserve.worker.convs.layer_table import (
+    FullLayerPath,
+    LayerTableCache,
+    csr_weighted_sum,
+    per_head_table,
+)
 from hopserve.worker.convs.message_passing import MessagePassingAdapter
 
 __all__ = ["GATAdapter"]
@@ -100,19 +105,12 @@ class GATAdapter(FullLayerPath, MessagePassingAdapter):
         return (layer, *((id(p), p._version) for p in params))
 
     def _make_table(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``Θ^h x`` per head ``[H, N, C]`` and the source logits ``[N, H]``: one GEMM per
-        head straight into its contiguous slice (no ``[N, H·C]`` projection and transposed
-        copy of it at once: the table is the peak)."""
+        """``Θ^h x`` per head ``[H, N, C]`` and the source logits ``[N, H]``."""
         conv, lin_src = self.conv, self._lins()[0]
-        heads, width = conv.heads, conv.out_channels
-        weight = lin_src.weight.view(heads, width, -1)
-        table = x.new_empty((heads, x.shape[0], width))
-        for h in range(heads):
-            torch.matmul(x, weight[h].t(), out=table[h])
-        if lin_src.bias is not None:
-            table += lin_src.bias.view(heads, 1, width)
-        logit = torch.bmm(table, conv.att_src.view(heads, width, 1)).squeeze(2)
-        return table, logit.t().contiguous()
+        table, logit = per_head_table(
+            x, lin_src.weight, lin_src.bias, conv.att_src, conv.heads, conv.out_channels
+        )
+        return table, logit.squeeze(2).t().contiguous()
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         conv = self.conv

@@ -19,7 +19,8 @@ from torch import Tensor
 from hopserve.worker.convs.base import LayerBatch
 
 __all__ = [
-    "FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer", "is_stand_in", "stand_in",
+    "FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer", "is_stand_in",
+    "per_head_table", "stand_in",
 ]  # fmt: skip
 
 
@@ -54,6 +55,22 @@ def csr_weighted_sum(
         indptr, indices, values.contiguous(), size=size, check_invariants=False
     )
     return adj @ dense
+
+
+def per_head_table(
+    x: Tensor, weight: Tensor, bias: Tensor | None, att: Tensor, heads: int, width: int
+) -> tuple[Tensor, Tensor]:
+    """An attention conv's source table: ``W^h x`` per head ``[H, N, C]`` and its logits
+    ``a^h · W^h x`` ``[H, N, 1]`` (``weight`` ``[H·C, in]``, ``att`` ``H·C`` values). One
+    GEMM per head straight into its contiguous slice: no ``[N, H·C]`` projection and
+    transposed copy of it at once (the table is the peak)."""
+    per_head = weight.view(heads, width, -1)
+    table = x.new_empty((heads, x.shape[0], width))
+    for h in range(heads):
+        torch.matmul(x, per_head[h].t(), out=table[h])
+    if bias is not None:
+        table += bias.view(heads, 1, width)
+    return table, torch.bmm(table, att.reshape(heads, width, 1))
 
 
 class FullLayerPath:
