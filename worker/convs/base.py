@@ -364,6 +364,11 @@ class ConvAdapter(nn.Module):
         """
         return src_row_bytes
 
+    def src_bytes(self, src_row_bytes: int) -> int:
+        """Bytes per gathered source row this conv allocates on a batch beyond the row
+        itself (CPU memory accounting): a per-source projection, say. Default: none."""
+        return 0
+
     def forward(self, x: Tensor, batch: LayerBatch) -> Tensor:
         return self.run(x, batch)
 

@@ -14,10 +14,11 @@ with the per-node-type maps :math:`k_j = x_j K_{s}`, :math:`v_j = x_j V_{s}`,
 in-edges). The relation maps are linear, so they move to the destinations:
 :math:`\sigma_{ij} = k_j \cdot (A_{h,r} q_i)\, \mu_{h,r} / \sqrt D` and
 :math:`m_i = \sum_r \big(\sum_{j \in N_r(i)} \alpha_{ij} v_j\big) M_{h,r}` — the same
-function, summed in another order. A source row is projected once and never per edge:
-on a full layer once per layer for the whole stored table (kept while the layer runs,
-read in place), on a gathered batch once per batch source; DGL's own forward multiplies
-every edge's key and value by its relation's matrices. Then, as ``HGTConv`` does,
+function, summed in another order. A batch projects each of its gathered source rows
+once (DGL's own forward multiplies every edge's key and value by its relation's
+matrices); no whole-layer ``[k | v]`` table is kept (``2F`` values a row: more than the
+layer's input and output together). The wide per-edge rows are made one chunk of edges at
+a time (:mod:`~.edge_chunks`). Then, as ``HGTConv`` does,
 :math:`\mathrm{out}_i` = ``linear_a`` of :math:`m_i` by the destination's type, mixed with
 :math:`x_i` (or :math:`x_i W_{res}`) by the type's skip gate, then ``norm`` when set.
 """
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.dgl_conv import dgl_block
-from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
+from hopserve.worker.convs.edge_chunks import edge_chunks
 
 __all__ = ["DGLHGTAdapter"]
 
@@ -49,23 +50,14 @@ class DGLHGTAdapter(ConvAdapter):
 
     accepts_edge_data = True  # node type ids and relation ids, from the store's columns
 
-    def __init__(self, conv: nn.Module) -> None:
-        super().__init__(conv)
-        self._tables = LayerTableCache()  # [k | v] of a full layer's stored table
-
-    @property
-    def supports_global_src(self) -> bool:
-        return True
-
-    @property
-    def global_src_full_layers_only(self) -> bool:
-        return True  # the key/value table is derived from the whole stored table
-
     def edge_bytes(self, src_row_bytes: int) -> int:
-        """Per in-edge: gathered keys, relation-mapped queries, their product, values and
-        the weighted values (five ``F``-wide rows)."""
-        width = self.conv.num_heads * self.conv.head_size
-        return 5 * max(src_row_bytes, 4 * width)
+        """Per in-edge: relation masks and edge lists, the scores and their softmax
+        (``O(H)``); the wide rows are one chunk's (:mod:`~.edge_chunks`)."""
+        return 64 + 24 * int(self.conv.num_heads)
+
+    def src_bytes(self, src_row_bytes: int) -> int:
+        """Per gathered source row: its ``[k | v]`` (``2F`` values)."""
+        return 8 * int(self.conv.num_heads * self.conv.head_size)
 
     def _inputs(self, batch: LayerBatch) -> tuple[Tensor, Tensor]:
         """(node type of each source row, relation id of each edge)."""
@@ -82,31 +74,35 @@ class DGLHGTAdapter(ConvAdapter):
         ntype, etype = self._inputs(batch)
         num_dst = batch.num_dst
         src, dst = batch.src_index, batch.dst_index
-        if full_layer(batch):
-            params = (conv.linear_k.W, conv.linear_v.W)
-            key = (batch.layer, *((id(p), p._version) for p in params))
-            kv = self._tables.get(x, key, batch, lambda: self._keys_values(x, ntype))
-            dst_types = ntype.index_select(0, batch.dst_nodes.to(ntype.device))
-        else:
-            kv = self._keys_values(x, ntype)
-            dst_types = ntype[:num_dst]
+        kv = self._keys_values(x, ntype)
+        dst_types = ntype[:num_dst]
         x_dst = batch.dst_rows(x)
         q = _typed(conv.linear_q, x_dst, dst_types).view(num_dst, heads, dim)
         att = torch.stack([m.get_weight() for m in conv.relation_att])  # [H, R, D, D]
         msg = torch.stack([m.get_weight() for m in conv.relation_msg])
-        pri = torch.stack(list(conv.relation_pri))  # [H, R]
-        num_rel = att.shape[1]
-        q_rel = torch.einsum("nhd,hrcd->nrhc", q, att)  # A_{h,r} q_i: [B, R, H, D]
-        slot = dst * num_rel + etype  # (destination, relation) of each edge
-        k_j = kv[:, :f].index_select(0, src).view(-1, heads, dim)
-        q_e = q_rel.reshape(num_dst * num_rel, heads, dim).index_select(0, slot)
-        score = (q_e * k_j).sum(-1) * pri.t().index_select(0, etype) / conv.sqrt_d
+        pri = torch.stack(list(conv.relation_pri)) / conv.sqrt_d  # [H, R]
+        row_bytes = 3 * kv.element_size() * f  # a chunk's gathered rows and their product
+        score = x.new_empty(src.numel(), heads)
+        relations = []
+        for r in torch.unique(etype).tolist():
+            on = (etype == r).nonzero().squeeze(1)
+            src_r, dst_r = src.index_select(0, on), dst.index_select(0, on)
+            q_rel = torch.einsum("nhd,hcd->nhc", q, att[:, r])  # A_{h,r} q_i: [B, H, D]
+            for c in edge_chunks(on.numel(), row_bytes):
+                k_j = kv[:, :f].index_select(0, src_r[c]).view(-1, heads, dim)
+                score[on[c]] = (q_rel.index_select(0, dst_r[c]) * k_j).sum(-1) * pri[:, r]
+            relations.append((r, on, src_r, dst_r))
         alpha = dgl.ops.edge_softmax(dgl_block(batch), score)  # over each dst's in-edges
-        v_j = kv[:, f:].index_select(0, src).view(-1, heads, dim)
-        agg = x.new_zeros(num_dst * num_rel, heads, dim)
-        agg.index_add_(0, slot, v_j * alpha.unsqueeze(-1))
-        m = torch.einsum("nrhc,hrcd->nhd", agg.view(num_dst, num_rel, heads, dim), msg)
-        h = conv.drop(_typed(conv.linear_a, m.reshape(num_dst, f), dst_types))
+        del score
+        m = x.new_zeros(num_dst, heads, dim)
+        for r, on, src_r, dst_r in relations:
+            a = alpha.index_select(0, on)
+            agg = x.new_zeros(num_dst, heads, dim)
+            for c in edge_chunks(on.numel(), row_bytes):
+                v_j = kv[:, f:].index_select(0, src_r[c]).view(-1, heads, dim)
+                agg.index_add_(0, dst_r[c], v_j * a[c].unsqueeze(-1))
+            m += torch.einsum("nhc,hcd->nhd", agg, msg[:, r])
+        h = conv.drop(_typed(conv.linear_a, m.view(num_dst, f), dst_types))
         gate = torch.sigmoid(conv.skip.index_select(0, dst_types)).unsqueeze(-1)
         if x_dst.shape != h.shape:
             h = h * gate + (x_dst @ conv.residual_w) * (1 - gate)

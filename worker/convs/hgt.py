@@ -17,11 +17,13 @@ linear, so they move to the destinations:
 :math:`m_i = \sum_r \big(\sum_{j \in N_r(i)} \alpha_{ij} v_j\big) W^v_{h,r}`. The same
 function, summed in another order.
 
-So a source row is projected once (:math:`k_j, v_j`) and never per relation: on a full
-layer once per layer for the whole stored table (read in place, the table kept while the
-layer runs), on a gathered batch once per batch source. The generic path
-(:class:`~.hetero.DictConvAdapter`, the conv on the batch's typed subgraph) projects every
-source of every batch through every relation map. Then, as ``HGTConv`` does,
+So a batch projects each of its (gathered) source rows once (:math:`k_j, v_j`), never
+per relation or per edge; the generic path (:class:`~.hetero.DictConvAdapter`, the conv on
+the batch's typed subgraph) projects every source through every relation map. No
+whole-layer ``[k | v]`` table is kept: at ``2F`` values a row it would outweigh the layer's
+input and output together. The wide per-edge rows are made one chunk of edges at a time
+(:mod:`~.edge_chunks`): the scores of every in-edge, their softmax, then the weighted
+values. Then, as ``HGTConv`` does,
 :math:`\mathrm{out}_i = \mathrm{out\_lin}_t(\mathrm{gelu}(m_i))`, mixed with :math:`x_i`
 by the type's learned skip gate when the widths agree.
 """
@@ -34,8 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from hopserve.worker.convs.base import LayerBatch
+from hopserve.worker.convs.edge_chunks import edge_chunks
 from hopserve.worker.convs.hetero import DictConvAdapter
-from hopserve.worker.convs.layer_table import LayerTableCache, full_layer
 from hopserve.worker.hetero.modules import DictConvLayer
 
 __all__ = ["HGTAdapter", "is_plain_hgt"]
@@ -61,22 +63,14 @@ def is_plain_hgt(layer: DictConvLayer) -> bool:
 class HGTAdapter(DictConvAdapter):
     """Runs a :class:`DictConvLayer` over PyG ``HGTConv`` on a batch (see the module doc)."""
 
-    def __init__(self, conv: nn.Module) -> None:
-        super().__init__(conv)
-        self._tables = LayerTableCache()  # [k | v] of a full layer's stored table
-
     def edge_bytes(self, src_row_bytes: int) -> int:
-        """Per in-edge: gathered keys, queries, their product, values and the weighted
-        values (five ``F``-wide rows); the scores are ``O(H)``."""
-        return 5 * max(src_row_bytes, 4 * int(self.conv.conv.out_channels))
+        """Per in-edge: relation masks and edge lists, the scores and their softmax
+        (``O(H)``); the wide rows are one chunk's (:mod:`~.edge_chunks`)."""
+        return 64 + 24 * int(self.conv.conv.heads)
 
-    @property
-    def supports_global_src(self) -> bool:
-        return True
-
-    @property
-    def global_src_full_layers_only(self) -> bool:
-        return True  # the key/value table is derived from the whole stored table
+    def src_bytes(self, src_row_bytes: int) -> int:
+        """Per gathered source row: its ``[k | v]`` (``2F`` values)."""
+        return 8 * int(self.conv.conv.out_channels)
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
@@ -85,13 +79,8 @@ class HGTAdapter(DictConvAdapter):
         device = x.device
         num_dst = batch.num_dst
         src, dst = batch.src_index, batch.dst_index
-        if full_layer(batch):
-            key = (batch.layer, *((id(p), p._version) for p in conv.kqv_lin.parameters()))
-            kv = self._tables.get(x, key, batch, lambda: self._keys_values(x, None))
-            src_types = layout.types_of(src, 0, device)
-        else:
-            kv = self._keys_values(x, batch.src_nodes)
-            src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
+        kv = self._keys_values(x, batch.src_nodes)
+        src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
         x_dst = batch.dst_rows(x)
         dst_types = layout.types_of(batch.dst_nodes, num_dst, device)
         edge_type = self.edge_values(batch)["edge_type"]
@@ -124,10 +113,9 @@ class HGTAdapter(DictConvAdapter):
             out[dst_sel, : y.shape[1]] = y
         return out
 
-    def _keys_values(self, x: Tensor, node_ids: Tensor | None) -> Tensor:
-        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``, or the
-        whole table in storage order), each by its type's ``kqv_lin``; rows of types the
-        conv has no map for are zero."""
+    def _keys_values(self, x: Tensor, node_ids: Tensor) -> Tensor:
+        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``), each by its
+        type's ``kqv_lin``; rows of types the conv has no map for are zero."""
         layer: DictConvLayer = self.conv
         conv = layer.conv
         f = conv.out_channels
@@ -170,19 +158,25 @@ class HGTAdapter(DictConvAdapter):
         k_rel = conv.k_rel.weight.view(heads, num_rel, dim, dim)  # HeteroLinear type h*R + e
         v_rel = conv.v_rel.weight.view(heads, num_rel, dim, dim)
         scale = math.sqrt(dim)
+        row_bytes = 3 * kv.element_size() * f  # a chunk's gathered rows and their product
         scores = []
         for key, src, dst in relations:
             q_rel = torch.einsum("nhd,hcd->nhc", q, k_rel[:, conv.edge_types_map[key]])
-            k_j = kv[:, :f].index_select(0, src).view(-1, heads, dim)
-            score = (q_rel.index_select(0, dst) * k_j).sum(-1)
-            scores.append(score * conv.p_rel["__".join(key)] / scale)
+            score = x_t.new_empty(src.numel(), heads)
+            for c in edge_chunks(src.numel(), row_bytes):
+                k_j = kv[:, :f].index_select(0, src[c]).view(-1, heads, dim)
+                score[c] = (q_rel.index_select(0, dst[c]) * k_j).sum(-1)
+            scores.append(score.mul_(conv.p_rel["__".join(key)] / scale))
         alpha = softmax(torch.cat(scores), torch.cat([r[2] for r in relations]), num_nodes=n_t)
+        del scores
         out = x_t.new_zeros(n_t, heads, dim)
         start = 0
         for key, src, dst in relations:
             a = alpha[start : start + dst.numel()]
             start += dst.numel()
-            v_j = kv[:, f:].index_select(0, src).view(-1, heads, dim)
-            agg = x_t.new_zeros(n_t, heads, dim).index_add_(0, dst, v_j * a.unsqueeze(-1))
+            agg = x_t.new_zeros(n_t, heads, dim)
+            for c in edge_chunks(src.numel(), row_bytes):
+                v_j = kv[:, f:].index_select(0, src[c]).view(-1, heads, dim)
+                agg.index_add_(0, dst[c], v_j * a[c].unsqueeze(-1))
             out += torch.einsum("nhc,hcd->nhd", agg, v_rel[:, conv.edge_types_map[key]])
         return out.view(n_t, f)

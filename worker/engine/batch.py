@@ -249,6 +249,11 @@ def prepare(
             (split.adapters[c].edge_bytes(src_row_bytes) for c in block.convs), default=0
         )
         nbytes += batch.num_edges * (INDEX_BYTES_PER_EDGE + per_edge)
+        if not gather_free:
+            per_src = max(
+                (split.adapters[c].src_bytes(src_row_bytes) for c in block.convs), default=0
+            )
+            nbytes += batch.num_src * per_src
         prepared = PreparedBatch(start, end, batch, inputs, nbytes)
         if copy_stream is not None:
             prepared.batch = batch.to(device, non_blocking=True)

@@ -20,6 +20,7 @@ from torch_geometric import nn as pyg
 from torch_geometric.data import HeteroData
 
 from hopserve import GraphStore, LayerwiseEvaluator
+from hopserve.worker.convs import edge_chunks
 from hopserve.worker.convs.hgt import HGTAdapter
 from hopserve.worker.trace.tracer import ModelTraceError
 
@@ -253,16 +254,18 @@ class OwnHGTConv(pyg.HGTConv):
         return {t: None if v is None else 2 * v for t, v in out.items()}
 
 
-def test_hgt_runs_on_the_destination_side_adapter():
-    """``HGTConv`` runs on :class:`HGTAdapter` (keys and values once per source row, the
-    relation maps on the destination side), on gathered batches (partial) and on the
-    stored table read in place (the second layer, full)."""
+def test_hgt_runs_on_the_destination_side_adapter(monkeypatch):
+    """``HGTConv`` runs on :class:`HGTAdapter` (keys and values once per gathered source
+    row, the relation maps on the destination side), with no whole-layer table; exact with
+    its edges scored and summed one edge per chunk too (every chunk boundary crossed)."""
     data = _fake(0)
     model = HGT(data.metadata(), 2 * H)
     check_dict_model(model, data, "HGT")
     ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
     assert {type(a) for a in ev.split.adapters.values()} == {HGTAdapter}
-    assert all(a.supports_global_src for a in ev.split.adapters.values())
+    assert not any(a.supports_global_src for a in ev.split.adapters.values())
+    monkeypatch.setattr(edge_chunks, "EDGE_CHUNK_BYTES", 1)
+    check_dict_model(model, data, "HGT, one edge per chunk")
 
 
 def test_an_hgtconv_subclass_with_its_own_forward_is_refused_naming_it():
