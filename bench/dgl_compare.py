@@ -44,7 +44,6 @@ inference loops are in ``dgl_baselines.py``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hopserve import GraphStore, LayerwiseEvaluator
+    from hopserve.worker.runtime.allocator import active_allocator
 
     torch.set_num_threads(args.threads)
     model = make_model(args.model, args.num_layers, args.dim, args.hidden, args.out_dim, args.heads)
@@ -136,6 +136,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown method {method!r}")
     result.update(harness.run_stats(secs))
     result["peak_rss_mb"] = harness.peak_rss_mb()
+    result["allocator"] = active_allocator()
     result["baseline_rss_mb"] = base_rss
     tag = _tag(args.model, args.num_layers, args.fraction)
     np.save(Path(args.scratch) / f"{tag}-{method}-rows.npy", rows.numpy())
@@ -168,7 +169,7 @@ def run_subprocess(
         "--batch-grid", ",".join(map(str, args.batch_grid)),
         *(["--fraction", repr(fraction)] if fraction is not None else []),
     )  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
+    env = harness.child_env(args, OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
     t0 = time.perf_counter()
     tag = _tag(model, layers, fraction)
     res = harness.run_child(cmd, f"{method} {model} L={layers}", env=env)
@@ -197,6 +198,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--partial-models", default="gcn,sage,gat")
     p.add_argument("--partial-layers", type=int, default=2)
     harness.add_engine_args(p)
+    harness.add_allocator_arg(p)
     p.add_argument(
         "--onebatch-budget-mb", type=int, default=4096,
         help="hopserve-1batch's CPU batch budget (MiB): enough for one batch per layer",
@@ -341,6 +343,7 @@ def _setup(args, graphs, total_s: float) -> dict:
         "model_dims": {"hidden": args.hidden, "out": args.out_dim, "gat_heads": args.heads},
         "device": args.device,
         "threads": args.threads,
+        "allocator": args.allocator,
         "machine": harness.machine_line(),
         "versions": {"torch": torch.__version__, "dgl": dgl.__version__},
         "hopserve_budget_mb": args.budget_mb,
@@ -369,7 +372,12 @@ def report(
         f"(synthetic power-law), {args.dim}-dim features; hidden {args.hidden}, out "
         f"{args.out_dim}, GAT {args.heads} heads; {args.device}, {args.threads} threads "
         f"({setup['machine']}); torch {setup['versions']['torch']}, "
-        f"dgl {setup['versions']['dgl']}."
+        f"dgl {setup['versions']['dgl']}; every run's allocator: "
+        + (
+            "tcmalloc (preloaded, as in the worker images)."
+            if args.allocator == "tcmalloc"
+            else "glibc."
+        )
     )
     if full:
         mm = setup["memory_model_mb"]

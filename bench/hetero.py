@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -235,6 +234,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hopserve import GraphStore, LayerwiseEvaluator
+    from hopserve.worker.runtime.allocator import active_allocator
 
     torch.set_num_threads(args.threads)
     store = GraphStore.open(args.graph)
@@ -309,6 +309,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown method {method!r}")
     result.update(harness.run_stats(secs))
     result["peak_rss_mb"] = harness.peak_rss_mb()
+    result["allocator"] = active_allocator()
     result["baseline_rss_mb"] = base_rss
     rows = targets if targets is not None else torch.arange(store.num_nodes)
     tag = _tag(args.library, args.num_layers, args.fraction)
@@ -316,6 +317,10 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     np.save(Path(args.scratch) / f"{tag}-{method}-out.npy", out.numpy())
     harness.emit_result(result)
     return result
+
+
+def _allocator_name(allocator: str) -> str:
+    return "tcmalloc (preloaded, as in the worker images)" if allocator == "tcmalloc" else "glibc"
 
 
 def _tag(library: str, layers: int, fraction: float | None) -> str:
@@ -333,7 +338,7 @@ def run_subprocess(args, graph: str, scratch: Path, library: str, method: str, l
         "--nodewise-batch", str(args.nodewise_batch),
         *(["--fraction", repr(fraction)] if fraction is not None else []),
     )  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
+    env = harness.child_env(args, OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
     t0 = time.perf_counter()
     res = harness.run_child(cmd, f"{method} {library} L={layers}", env=env)
     harness.log(
@@ -366,6 +371,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", default="2,3")
     p.add_argument("--fractions", default="0.001,0.01")
     harness.add_engine_args(p)
+    harness.add_allocator_arg(p)
     p.add_argument("--batch-grid", default="4096,16384,65536", help="DGL-manual batch sizes")
     p.add_argument("--nodewise-batch", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=2)
@@ -463,6 +469,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
                   "relations": store.relations, "feature_dim": store.feature_dim},
         "model": {"hidden": args.hidden, "out": args.out_dim, "bases": args.bases},
         "threads": args.threads, "machine": harness.machine_line(), "versions": versions,
+        "allocator": args.allocator,
         "budget_mb": args.budget_mb, "memory_model_mb": mm, "total_wall_s": round(total_s, 1),
     }  # fmt: skip
     previous = Path(args.out) / "hetero.json"
@@ -498,7 +505,8 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
         f"RGCN and HGT on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
-        f"{args.threads} threads ({setup['machine']}); {versions}.",
+        f"{args.threads} threads ({setup['machine']}); {versions}; every run's allocator: "
+        f"{_allocator_name(args.allocator)}.",
         "",
     ]
     lines += harness.markdown_table(

@@ -43,6 +43,33 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-mb", type=int, default=64, help="hopserve CPU batch budget")
 
 
+def add_allocator_arg(p: argparse.ArgumentParser) -> None:
+    """``--allocator``: the C allocator of the child runs (the worker images preload
+    tcmalloc, ``worker/runtime/allocator.py``; ``system`` is glibc malloc)."""
+    from hopserve.worker.runtime.allocator import find_tcmalloc
+
+    p.add_argument(
+        "--allocator",
+        choices=("tcmalloc", "system"),
+        default="tcmalloc" if find_tcmalloc() else "system",
+        help="tcmalloc (default where libtcmalloc-minimal4 is installed) or glibc malloc",
+    )
+
+
+def child_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with tcmalloc preloaded when
+    ``args.allocator`` says so (see :func:`add_allocator_arg`)."""
+    from hopserve.worker.runtime.allocator import find_tcmalloc, with_tcmalloc
+
+    env = dict(os.environ, **extra)
+    if args.allocator == "system":
+        env.pop("LD_PRELOAD", None)
+        return env
+    if find_tcmalloc() is None:
+        raise SystemExit("--allocator tcmalloc: libtcmalloc_minimal is not installed")
+    return with_tcmalloc(env)
+
+
 def evaluator_options(args: argparse.Namespace) -> dict[str, Any]:
     """``LayerwiseEvaluator`` keyword arguments from :func:`add_engine_args`' options:
     ``args.device``, a CPU batch budget of ``args.budget_mb`` MiB (a GPU sizes its batches

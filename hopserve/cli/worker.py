@@ -74,6 +74,7 @@ def worker_cmd(
         worker_gate,
     )
     from hopserve.worker.runtime import make_worker
+    from hopserve.worker.runtime.allocator import log_allocator
     from hopserve.worker.service import serve_worker
 
     cfg = load_cli_config(config)
@@ -123,6 +124,7 @@ def worker_cmd(
     log.info("security: %s", posture(cfg.security, host, worker=True))
     for warning in exposure_warnings(cfg.security, host, worker=True):
         log.warning("%s", warning)
+    log_allocator()
     names = ", ".join(f"{m.name}:{m.version}" for m in cfg.models)
     where = host if unix_socket else f"{host}:{bound}"
     log.info("worker %s serving [%s] on %s (%s)", worker.worker_id, names, where, device)

@@ -27,6 +27,7 @@ from live_prometheus import DEPLOY
 
 from hopserve.cli import app
 from hopserve.config import HopserveConfig, load_config
+from hopserve.worker.runtime import allocator
 from hopserve.worker.service import SERVICE_NAME as WORKER_SERVICE
 
 ROOT = DEPLOY.parent
@@ -323,6 +324,18 @@ def test_cpu_image_torch_pin_matches_the_makefile() -> None:
     args = dict(a.split("=", 1) for op, a in dockerfile("Dockerfile.cpu") if op == "ARG")
     assert args["TORCH_VERSION"] == makefile_pin
     assert any("download.pytorch.org/whl/cpu" in a for op, a in dockerfile("Dockerfile.cpu"))
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.worker"])
+def test_worker_images_preload_tcmalloc(name: str) -> None:
+    """glibc keeps a worker's freed batch memory fragmented (worker/runtime/allocator.py):
+    the worker images install tcmalloc, link it to one path and preload it."""
+    instructions = dockerfile(name)
+    link = "/usr/local/lib/libtcmalloc_minimal.so.4"
+    (run,) = [a for op, a in instructions if op == "RUN" and "libtcmalloc-minimal4" in a]
+    assert "apt-get install" in run and "ln -s" in run and run.rstrip().endswith(link)
+    assert ("ENV", f"LD_PRELOAD={link}") in instructions
+    assert Path(link).parent.as_posix() in allocator._SEARCH[:1]  # found first there
 
 
 def test_frontend_image_has_no_torch() -> None:

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from support.e2e import ATOL, MODEL, RTOL, expected, pick
 
+from hopserve.worker.runtime.allocator import active_allocator, find_tcmalloc
+
 WORKERS = ("worker-0", "worker-1")
 
 
@@ -80,6 +82,17 @@ def test_rows_are_exact_and_both_processes_compute(pooled, evaluator, all_ids) -
                 break
     assert all(counts), counts
     assert all(pool.pid(w) != os.getpid() for w in WORKERS)
+
+
+@pytest.mark.skipif(find_tcmalloc() is None, reason="libtcmalloc-minimal4 is not installed")
+def test_the_processes_allocate_with_tcmalloc_where_installed(pooled) -> None:
+    """glibc malloc keeps a worker's freed batch memory fragmented; the front-end starts
+    its workers with tcmalloc preloaded (``worker/runtime/allocator.py``)."""
+    pool = pooled.service._workers.pool
+    for w in WORKERS:
+        maps = Path(f"/proc/{pool.pid(w)}/maps")
+        assert active_allocator(maps) == "tcmalloc", w
+    assert active_allocator() != "tcmalloc"  # the test process itself was not preloaded
 
 
 def test_a_killed_process_fails_no_request_and_is_restarted(pooled, evaluator, all_ids) -> None:
