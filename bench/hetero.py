@@ -319,8 +319,10 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _allocator_name(allocator: str) -> str:
-    return "tcmalloc (preloaded, as in the worker images)" if allocator == "tcmalloc" else "glibc"
+def _row_allocator(results: dict[str, Any]) -> str:
+    """The allocator of a row's runs (rows of runs before ``--allocator``: glibc)."""
+    names = {res.get("allocator", "glibc") for res in results.values()}
+    return "/".join(sorted(names))
 
 
 def _tag(library: str, layers: int, fraction: float | None) -> str:
@@ -491,7 +493,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             res["rss_ratio_to_memory_model"] = res["rss_over_baseline_mb"] / mm["total"]
         manual = r.get("dgl-manual")
         rows.append([
-            f"{lib} {MODEL[lib]}", row["layers"], f"{hop:.2f}",
+            f"{lib} {MODEL[lib]} ({_row_allocator(r)})", row["layers"], f"{hop:.2f}",
             f"{manual['seconds']:.2f} [{manual['batch_size']}]" if manual else "—",
             f"{r[f'{lib}-fullgraph']['seconds']:.2f}",
             f"{row['speedup_vs_dgl_manual']:.2f}×" if manual else "—",
@@ -505,8 +507,9 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
         f"RGCN and HGT on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
-        f"{args.threads} threads ({setup['machine']}); {versions}; every run's allocator: "
-        f"{_allocator_name(args.allocator)}.",
+        f"{args.threads} threads ({setup['machine']}); {versions}. Every run of a row "
+        "(hopserve and the baselines) used the allocator in the row's name (tcmalloc: "
+        "preloaded, as in the worker images).",
         "",
     ]
     lines += harness.markdown_table(
