@@ -76,42 +76,58 @@ class HGTAdapter(DictConvAdapter):
         layer: DictConvLayer = self.conv
         conv = layer.conv
         layout = layer.layout
+        names, index = layout.names, layout.names.index
         device = x.device
         num_dst = batch.num_dst
         src, dst = batch.src_index, batch.dst_index
         kv = self._keys_values(x, batch.src_nodes)
-        src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
         x_dst = batch.dst_rows(x)
         dst_types = layout.types_of(batch.dst_nodes, num_dst, device)
+        outputs = sorted({index(k[2]) for k in conv.edge_types} & set(layer.in_widths))
+        rows = {t: (dst_types == t).nonzero().squeeze(1) for t in outputs}
+        q = self._queries(x_dst, rows)
+        # One pass over the relations, every edge's destination its batch row (the
+        # softmax runs over each destination's in-edges across relations). A typed
+        # store's relation-r edges all run s -> t; the load-time probe graph's need not,
+        # and HGTConv's forward ignores the others.
         edge_type = self.edge_values(batch)["edge_type"]
+        src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
+        relations = []
+        for rel, key in layer.relations:
+            on = edge_type == rel
+            on &= src_types == index(key[0])
+            on &= dst_types.index_select(0, dst) == index(key[2])
+            on = on.nonzero().squeeze(1)
+            relations.append((key, src.index_select(0, on), dst.index_select(0, on)))
+        del edge_type, src_types
+        m = self._messages(conv, kv, q, relations, {names[t]: sel for t, sel in rows.items()})
         out = x.new_zeros((num_dst, *layer.out_shape))
-        index = layout.names.index
-        outputs = {index(k[2]) for k in conv.edge_types} & set(layer.in_widths)
-        for t in sorted(outputs):
-            dst_sel = (dst_types == t).nonzero().squeeze(1)
-            if dst_sel.numel() == 0:
+        for t, sel in rows.items():
+            if sel.numel() == 0:
                 continue
-            pos_in_t = torch.full((num_dst,), -1, dtype=torch.long, device=device)
-            pos_in_t[dst_sel] = torch.arange(dst_sel.numel(), device=device)
-            x_t = x_dst.index_select(0, dst_sel)[:, : layer.in_widths[t]]
-            at_t = pos_in_t[dst]
-            relations = []
-            for rel, key in layer.relations:
-                if index(key[2]) != t:
-                    continue
-                # A typed store's relation-r edges all run s -> t; the load-time probe
-                # graph's need not, and HGTConv's forward ignores the others.
-                s_type = index(key[0])
-                on = ((edge_type == rel) & (at_t >= 0) & (src_types == s_type)).nonzero()
-                on = on.squeeze(1)
-                relations.append((key, src.index_select(0, on), at_t.index_select(0, on)))
-            m = self._messages(conv, kv, x_t, layout.names[t], relations)
-            y = conv.out_lin.lins[layout.names[t]](nn.functional.gelu(m))
+            x_t = x_dst.index_select(0, sel)[:, : layer.in_widths[t]]
+            y = conv.out_lin.lins[names[t]](nn.functional.gelu(m.index_select(0, sel)))
             if y.shape[-1] == x_t.shape[-1]:
-                gate = conv.skip[layout.names[t]].sigmoid()
+                gate = conv.skip[names[t]].sigmoid()
                 y = gate * y + (1 - gate) * x_t
-            out[dst_sel, : y.shape[1]] = y
+            out[sel, : y.shape[1]] = y
         return out
+
+    def _queries(self, x_dst: Tensor, rows: dict[int, Tensor]) -> Tensor:
+        """``q`` (``[B, F]``) of the destination rows, each by its type's ``kqv_lin``;
+        rows of types the conv has no output for are zero."""
+        layer: DictConvLayer = self.conv
+        conv = layer.conv
+        f = conv.out_channels
+        q = x_dst.new_zeros(x_dst.shape[0], f)
+        for t, sel in rows.items():
+            if sel.numel() == 0:
+                continue
+            lin = conv.kqv_lin.lins[layer.layout.names[t]]
+            bias = None if lin.bias is None else lin.bias[f : 2 * f]
+            x_t = x_dst.index_select(0, sel)[:, : layer.in_widths[t]]
+            q.index_copy_(0, sel, nn.functional.linear(x_t, lin.weight[f : 2 * f], bias))
+        return q
 
     def _keys_values(self, x: Tensor, node_ids: Tensor) -> Tensor:
         """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``), each by its
@@ -138,22 +154,20 @@ class HGTAdapter(DictConvAdapter):
     def _messages(
         conv: nn.Module,
         kv: Tensor,
-        x_t: Tensor,
-        t_name: str,
+        q: Tensor,
         relations: list[tuple[tuple[str, str, str], Tensor, Tensor]],
+        rows: dict[str, Tensor],
     ) -> Tensor:
-        r""":math:`m_i` (``[n_t, F]``) for the destinations ``x_t`` of type ``t_name``, from
-        each relation's ``(key, source rows of kv, destination positions in x_t)``."""
+        r""":math:`m_i` (``[B, F]``) of the batch's destinations (queries ``q``), from each
+        relation's ``(key, source rows of kv, destination rows)``, ``rows`` the batch rows
+        of each destination type; a destination without in-edges gets 0 (``HGTConv``'s
+        aggregation)."""
         from torch_geometric.utils import softmax
 
         heads, f = conv.heads, conv.out_channels
         dim = f // heads
-        n_t = x_t.shape[0]
-        if not relations:
-            return x_t.new_zeros(n_t, f)  # no in-edges: HGTConv's aggregation is 0
-        lin_t = conv.kqv_lin.lins[t_name]
-        q_b = None if lin_t.bias is None else lin_t.bias[f : 2 * f]
-        q = nn.functional.linear(x_t, lin_t.weight[f : 2 * f], q_b).view(n_t, heads, dim)
+        num_dst = q.shape[0]
+        q = q.view(num_dst, heads, dim)
         num_rel = len(conv.edge_types)
         k_rel = conv.k_rel.weight.view(heads, num_rel, dim, dim)  # HeteroLinear type h*R + e
         v_rel = conv.v_rel.weight.view(heads, num_rel, dim, dim)
@@ -162,21 +176,27 @@ class HGTAdapter(DictConvAdapter):
         scores = []
         for key, src, dst in relations:
             q_rel = torch.einsum("nhd,hcd->nhc", q, k_rel[:, conv.edge_types_map[key]])
-            score = x_t.new_empty(src.numel(), heads)
+            score = q.new_empty(src.numel(), heads)
             for c in edge_chunks(src.numel(), row_bytes):
                 k_j = kv[:, :f].index_select(0, src[c]).view(-1, heads, dim)
                 score[c] = (q_rel.index_select(0, dst[c]) * k_j).sum(-1)
             scores.append(score.mul_(conv.p_rel["__".join(key)] / scale))
-        alpha = softmax(torch.cat(scores), torch.cat([r[2] for r in relations]), num_nodes=n_t)
+        alpha = softmax(torch.cat(scores), torch.cat([r[2] for r in relations]), num_nodes=num_dst)
         del scores
-        out = x_t.new_zeros(n_t, heads, dim)
+        m = q.new_zeros(num_dst, heads, dim)
         start = 0
         for key, src, dst in relations:
-            a = alpha[start : start + dst.numel()]
-            start += dst.numel()
-            agg = x_t.new_zeros(n_t, heads, dim)
+            a = alpha[start : start + src.numel()]
+            start += src.numel()
+            agg = q.new_zeros(num_dst, heads, dim)
             for c in edge_chunks(src.numel(), row_bytes):
                 v_j = kv[:, f:].index_select(0, src[c]).view(-1, heads, dim)
                 agg.index_add_(0, dst[c], v_j * a[c].unsqueeze(-1))
-            out += torch.einsum("nhc,hcd->nhd", agg, v_rel[:, conv.edge_types_map[key]])
-        return out.view(n_t, f)
+            sel = rows.get(key[2])  # only the relation's destination type has rows to map
+            if sel is None:  # a type the layer does not output
+                continue
+            mapped = torch.einsum(
+                "nhc,hcd->nhd", agg.index_select(0, sel), v_rel[:, conv.edge_types_map[key]]
+            )
+            m.index_add_(0, sel, mapped)
+        return m.view(num_dst, f)
