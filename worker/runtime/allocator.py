@@ -86,11 +86,9 @@ def allocator_hint(allocator: str) -> str | None:
 
 
 def log_allocator() -> str:
-    """Log this process's allocator (a warning with the fix under glibc); return it."""
+    """Log this process's allocator (with the fix under glibc) at info level: a choice
+    of memory footprint, not a fault; return it."""
     allocator = active_allocator()
     hint = allocator_hint(allocator)
-    if hint is None:
-        log.info("CPU allocator: %s", allocator)
-    else:
-        log.warning("%s", hint)
+    log.info("CPU allocator: %s%s", allocator, "" if hint is None else f"; {hint}")
     return allocator

@@ -3,6 +3,7 @@ under tcmalloc (a real child process, where libtcmalloc-minimal4 is installed)."
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from hopserve.worker.runtime.allocator import (
     active_allocator,
     allocator_hint,
     find_tcmalloc,
+    log_allocator,
     with_tcmalloc,
 )
 
@@ -60,3 +62,13 @@ def test_a_child_started_with_tcmalloc_allocates_with_it() -> None:
             check=True, timeout=120,
         )  # fmt: skip
         assert out.stdout.split() == [want, str(float(1 << 20))]
+
+
+def test_the_worker_logs_its_allocator_at_info_level(caplog) -> None:
+    """A choice of footprint, not a fault: info level (a secured worker logs no warning)."""
+    with caplog.at_level(logging.INFO, logger="hopserve.worker"):
+        allocator = log_allocator()
+    (record,) = [r for r in caplog.records if "CPU allocator" in r.getMessage()]
+    assert record.levelno == logging.INFO
+    assert f"CPU allocator: {allocator}" in record.getMessage()
+    assert ("LD_PRELOAD=" in record.getMessage()) == (allocator == "glibc")
