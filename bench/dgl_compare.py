@@ -372,12 +372,8 @@ def report(
         f"(synthetic power-law), {args.dim}-dim features; hidden {args.hidden}, out "
         f"{args.out_dim}, GAT {args.heads} heads; {args.device}, {args.threads} threads "
         f"({setup['machine']}); torch {setup['versions']['torch']}, "
-        f"dgl {setup['versions']['dgl']}; every run's allocator: "
-        + (
-            "tcmalloc (preloaded, as in the worker images)."
-            if args.allocator == "tcmalloc"
-            else "glibc."
-        )
+        f"dgl {setup['versions']['dgl']}; allocator of the runs: "
+        f"{_allocators(full + partial)} (tcmalloc: preloaded, as in the worker images)."
     )
     if full:
         mm = setup["memory_model_mb"]
@@ -424,6 +420,12 @@ def report(
 
 def _nodewise_note(result: dict[str, Any]) -> str:
     return f" (t/α, α={result['alpha']:.3f})" if result.get("extrapolated") else ""
+
+
+def _allocators(rows: list[dict[str, Any]]) -> str:
+    """The allocators the runs measured (rows of runs before ``--allocator``: glibc)."""
+    names = {res.get("allocator", "glibc") for row in rows for res in row["results"].values()}
+    return "/".join(sorted(names))
 
 
 def _rss_over(result: dict[str, Any]) -> float:

@@ -94,6 +94,8 @@ class HGTAdapter(DictConvAdapter):
         src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
         relations = []
         for rel, key in layer.relations:
+            if index(key[2]) not in rows:
+                continue  # into a type the layer does not output
             on = edge_type == rel
             on &= src_types == index(key[0])
             on &= dst_types.index_select(0, dst) == index(key[2])
@@ -167,6 +169,8 @@ class HGTAdapter(DictConvAdapter):
         heads, f = conv.heads, conv.out_channels
         dim = f // heads
         num_dst = q.shape[0]
+        if not relations:
+            return q.new_zeros(num_dst, f)  # no in-edges: HGTConv's aggregation is 0
         q = q.view(num_dst, heads, dim)
         num_rel = len(conv.edge_types)
         k_rel = conv.k_rel.weight.view(heads, num_rel, dim, dim)  # HeteroLinear type h*R + e
@@ -192,9 +196,7 @@ class HGTAdapter(DictConvAdapter):
             for c in edge_chunks(src.numel(), row_bytes):
                 v_j = kv[:, f:].index_select(0, src[c]).view(-1, heads, dim)
                 agg.index_add_(0, dst[c], v_j * a[c].unsqueeze(-1))
-            sel = rows.get(key[2])  # only the relation's destination type has rows to map
-            if sel is None:  # a type the layer does not output
-                continue
+            sel = rows[key[2]]  # only the relation's destination type has rows to map
             mapped = torch.einsum(
                 "nhc,hcd->nhd", agg.index_select(0, sel), v_rel[:, conv.edge_types_map[key]]
             )

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes.util
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,7 +35,9 @@ _SEARCH = (
 
 def active_allocator(maps: Path = Path("/proc/self/maps")) -> str:
     """``"tcmalloc"``, ``"jemalloc"`` or ``"mimalloc"`` when that library is mapped into
-    this process (preloaded), else ``"glibc"`` (``"unknown"`` without ``/proc``)."""
+    the process (``maps``: this one's, or ``/proc/<pid>/maps``), else ``"glibc"``
+    (``"unknown"`` without ``/proc``). A heuristic: an allocator library some package
+    loads for itself, without serving ``malloc``, would count too."""
     try:
         text = maps.read_text()
     except OSError:
@@ -55,23 +56,33 @@ def find_tcmalloc() -> str | None:
     for directory in _SEARCH:
         for path in sorted(Path(directory).glob("libtcmalloc_minimal.so*")):
             return str(path)
-    found = ctypes.util.find_library("tcmalloc_minimal")
-    return found if found and os.path.isabs(found) else None
+    return ctypes.util.find_library("tcmalloc_minimal")  # a name ld.so resolves, or None
 
 
 def with_tcmalloc(env: Mapping[str, str], library: str | None = None) -> dict[str, str]:
     """``env`` with tcmalloc first in ``LD_PRELOAD`` (a child process then allocates
-    with it); unchanged when tcmalloc is not installed or already preloaded, or when
-    ``env`` sets ``HOPSERVE_ALLOCATOR=system``."""
+    with it); unchanged when tcmalloc is not installed or an allocator is already
+    preloaded (the operator's choice). ``HOPSERVE_ALLOCATOR=system`` opts out: known
+    allocators are then taken out of ``LD_PRELOAD`` (the images preload tcmalloc)."""
     out = dict(env)
+    preload = [p for p in out.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if out.get("HOPSERVE_ALLOCATOR", "").lower() == "system":
-        return out  # the operator's opt-out
-    library = library or find_tcmalloc()
-    preload = out.get("LD_PRELOAD", "")
-    if library is None or "tcmalloc" in preload:
+        kept = [p for p in preload if not _is_allocator(p)]
+        if kept:
+            out["LD_PRELOAD"] = ":".join(kept)
+        else:
+            out.pop("LD_PRELOAD", None)
         return out
-    out["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+    library = library or find_tcmalloc()
+    if library is None or any(_is_allocator(p) for p in preload):
+        return out
+    out["LD_PRELOAD"] = ":".join([library, *preload])
     return out
+
+
+def _is_allocator(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return any(name.startswith(f"lib{known}") for known in _KNOWN)
 
 
 def allocator_hint(allocator: str) -> str | None:

@@ -32,14 +32,18 @@ def test_the_allocator_is_read_from_the_mapped_libraries(tmp_path) -> None:
     assert active_allocator(tmp_path / "absent") == "unknown"
 
 
-def test_tcmalloc_goes_first_in_ld_preload_once() -> None:
+def test_tcmalloc_goes_first_in_ld_preload_unless_an_allocator_was_chosen() -> None:
     lib = "/opt/lib/libtcmalloc_minimal.so.4"
     assert with_tcmalloc({}, lib) == {"LD_PRELOAD": lib}
     assert with_tcmalloc({"LD_PRELOAD": "/a.so"}, lib)["LD_PRELOAD"] == f"{lib}:/a.so"
-    already = {"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"}
-    assert with_tcmalloc(already, lib) == already
+    for chosen in ("/usr/lib/libtcmalloc.so.4", "/a.so:/usr/lib/libjemalloc.so.2"):
+        assert with_tcmalloc({"LD_PRELOAD": chosen}, lib) == {"LD_PRELOAD": chosen}
     opted_out = {"HOPSERVE_ALLOCATOR": "system"}
     assert with_tcmalloc(opted_out, lib) == opted_out
+    in_image = {"HOPSERVE_ALLOCATOR": "system", "LD_PRELOAD": f"{lib}:/a.so"}
+    assert with_tcmalloc(in_image, lib)["LD_PRELOAD"] == "/a.so"
+    del in_image["LD_PRELOAD"]
+    assert "LD_PRELOAD" not in with_tcmalloc(in_image | {"LD_PRELOAD": lib}, lib)
 
 
 def test_only_glibc_gets_a_hint_naming_the_fix() -> None:
