@@ -373,7 +373,7 @@ def report(
         f"{args.out_dim}, GAT {args.heads} heads; {args.device}, {args.threads} threads "
         f"({setup['machine']}); torch {setup['versions']['torch']}, "
         f"dgl {setup['versions']['dgl']}; allocator of the runs: "
-        f"{_allocators(full + partial)} (tcmalloc: preloaded, as in the worker images)."
+        f"{harness.measured_allocators(res for row in full + partial for res in row['results'].values())} (tcmalloc: preloaded, as in the worker images)."
     )
     if full:
         mm = setup["memory_model_mb"]
@@ -420,12 +420,6 @@ def report(
 
 def _nodewise_note(result: dict[str, Any]) -> str:
     return f" (t/α, α={result['alpha']:.3f})" if result.get("extrapolated") else ""
-
-
-def _allocators(rows: list[dict[str, Any]]) -> str:
-    """The allocators the runs measured (rows of runs before ``--allocator``: glibc)."""
-    names = {res.get("allocator", "glibc") for row in rows for res in row["results"].values()}
-    return "/".join(sorted(names))
 
 
 def _rss_over(result: dict[str, Any]) -> float:

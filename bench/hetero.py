@@ -319,12 +319,6 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _row_allocator(results: dict[str, Any]) -> str:
-    """The allocator of a row's runs (rows of runs before ``--allocator``: glibc)."""
-    names = {res.get("allocator", "glibc") for res in results.values()}
-    return "/".join(sorted(names))
-
-
 def _tag(library: str, layers: int, fraction: float | None) -> str:
     return f"{library}-{layers}" + ("" if fraction is None else f"-f{fraction:g}")
 
@@ -493,7 +487,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             res["rss_ratio_to_memory_model"] = res["rss_over_baseline_mb"] / mm["total"]
         manual = r.get("dgl-manual")
         rows.append([
-            f"{lib} {MODEL[lib]} ({_row_allocator(r)})", row["layers"], f"{hop:.2f}",
+            f"{lib} {MODEL[lib]} ({harness.measured_allocators(r.values())})", row["layers"], f"{hop:.2f}",
             f"{manual['seconds']:.2f} [{manual['batch_size']}]" if manual else "—",
             f"{r[f'{lib}-fullgraph']['seconds']:.2f}",
             f"{row['speedup_vs_dgl_manual']:.2f}×" if manual else "—",

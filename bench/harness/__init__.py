@@ -40,6 +40,7 @@ from .cli import (
     child_env,
     evaluator_options,
     load_spec,
+    measured_allocators,
     parser,
 )
 from .data import SageData, model_entry, powerlaw_pair, prepare_sage, write_config
@@ -107,6 +108,7 @@ __all__ = [
     "git_revision",
     "grpc_health",
     "load_spec",
+    "measured_allocators",
     "log",
     "machine_info",
     "machine_line",

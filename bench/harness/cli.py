@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,12 @@ def child_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
     if find_tcmalloc() is None:
         raise SystemExit("--allocator tcmalloc: libtcmalloc_minimal is not installed")
     return with_tcmalloc(env)
+
+
+def measured_allocators(results: Iterable[dict[str, Any]]) -> str:
+    """The allocators child runs measured (``allocator`` in their results; runs from
+    before ``--allocator`` ran under glibc), joined with ``/``."""
+    return "/".join(sorted({res.get("allocator", "glibc") for res in results}))
 
 
 def evaluator_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,7 +26,7 @@ a time (:mod:`~.edge_chunks`). Then, as ``HGTConv`` does,
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.dgl_conv import dgl_block
@@ -35,9 +35,9 @@ from hopserve.worker.convs.edge_chunks import edge_chunks
 __all__ = ["DGLHGTAdapter"]
 
 
-def _typed(linear: nn.Module, x: Tensor, types: Tensor) -> Tensor:
-    """DGL ``TypedLinear`` (no bias): row ``i`` times its type's matrix, one GEMM a type."""
-    weight = linear.get_weight()  # [num_types, in, out]
+def _typed(weight: Tensor, x: Tensor, types: Tensor) -> Tensor:
+    """DGL ``TypedLinear`` (no bias) of ``weight`` ``[num_types, in, out]``: row ``i``
+    times its type's matrix, one GEMM a type."""
     out = x.new_zeros(x.shape[0], weight.shape[2])
     for t in torch.unique(types).tolist():
         rows = (types == t).nonzero().squeeze(1)
@@ -77,7 +77,7 @@ class DGLHGTAdapter(ConvAdapter):
         kv = self._keys_values(x, ntype)
         dst_types = ntype[:num_dst]
         x_dst = batch.dst_rows(x)
-        q = _typed(conv.linear_q, x_dst, dst_types).view(num_dst, heads, dim)
+        q = _typed(conv.linear_q.get_weight(), x_dst, dst_types).view(num_dst, heads, dim)
         att = torch.stack([m.get_weight() for m in conv.relation_att])  # [H, R, D, D]
         msg = torch.stack([m.get_weight() for m in conv.relation_msg])
         pri = torch.stack(list(conv.relation_pri)) / conv.sqrt_d  # [H, R]
@@ -102,7 +102,7 @@ class DGLHGTAdapter(ConvAdapter):
                 v_j = kv[:, f:].index_select(0, src_r[c]).view(-1, heads, dim)
                 agg.index_add_(0, dst_r[c], v_j * a[c].unsqueeze(-1))
             m += torch.einsum("nhc,hcd->nhd", agg, msg[:, r])
-        h = conv.drop(_typed(conv.linear_a, m.view(num_dst, f), dst_types))
+        h = conv.drop(_typed(conv.linear_a.get_weight(), m.view(num_dst, f), dst_types))
         gate = torch.sigmoid(conv.skip.index_select(0, dst_types)).unsqueeze(-1)
         if x_dst.shape != h.shape:
             h = h * gate + (x_dst @ conv.residual_w) * (1 - gate)
@@ -112,6 +112,5 @@ class DGLHGTAdapter(ConvAdapter):
 
     def _keys_values(self, x: Tensor, ntype: Tensor) -> Tensor:
         """``[k | v]`` of rows ``x`` of node types ``ntype`` (``[rows, 2F]``)."""
-        return torch.cat(
-            [_typed(self.conv.linear_k, x, ntype), _typed(self.conv.linear_v, x, ntype)], 1
-        )
+        weight = torch.cat([self.conv.linear_k.get_weight(), self.conv.linear_v.get_weight()], 2)
+        return _typed(weight, x, ntype)  # one grouping of the rows by type, no joined copy

@@ -92,16 +92,17 @@ class HGTAdapter(DictConvAdapter):
         # and HGTConv's forward ignores the others.
         edge_type = self.edge_values(batch)["edge_type"]
         src_types = layout.types_of(batch.src_nodes, 0, device).index_select(0, src)
+        edge_dst_types = dst_types.index_select(0, dst)
         relations = []
         for rel, key in layer.relations:
             if index(key[2]) not in rows:
                 continue  # into a type the layer does not output
             on = edge_type == rel
             on &= src_types == index(key[0])
-            on &= dst_types.index_select(0, dst) == index(key[2])
+            on &= edge_dst_types == index(key[2])
             on = on.nonzero().squeeze(1)
             relations.append((key, src.index_select(0, on), dst.index_select(0, on)))
-        del edge_type, src_types
+        del edge_type, src_types, edge_dst_types
         m = self._messages(conv, kv, q, relations, {names[t]: sel for t, sel in rows.items()})
         out = x.new_zeros((num_dst, *layer.out_shape))
         for t, sel in rows.items():
@@ -116,41 +117,35 @@ class HGTAdapter(DictConvAdapter):
         return out
 
     def _queries(self, x_dst: Tensor, rows: dict[int, Tensor]) -> Tensor:
-        """``q`` (``[B, F]``) of the destination rows, each by its type's ``kqv_lin``;
-        rows of types the conv has no output for are zero."""
-        layer: DictConvLayer = self.conv
-        conv = layer.conv
-        f = conv.out_channels
-        q = x_dst.new_zeros(x_dst.shape[0], f)
-        for t, sel in rows.items():
-            if sel.numel() == 0:
-                continue
-            lin = conv.kqv_lin.lins[layer.layout.names[t]]
-            bias = None if lin.bias is None else lin.bias[f : 2 * f]
-            x_t = x_dst.index_select(0, sel)[:, : layer.in_widths[t]]
-            q.index_copy_(0, sel, nn.functional.linear(x_t, lin.weight[f : 2 * f], bias))
-        return q
+        """``q`` (``[B, F]``) of the destination rows ``rows`` (per type)."""
+        f = self.conv.conv.out_channels
+        return self._projected(x_dst, rows, (slice(f, 2 * f),))
 
     def _keys_values(self, x: Tensor, node_ids: Tensor) -> Tensor:
-        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``), each by its
-        type's ``kqv_lin``; rows of types the conv has no map for are zero."""
+        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``)."""
         layer: DictConvLayer = self.conv
-        conv = layer.conv
-        f = conv.out_channels
+        f = layer.conv.out_channels
         types = layer.layout.types_of(node_ids, x.shape[0], x.device)
-        kv = x.new_zeros(x.shape[0], 2 * f)
-        for t, name in enumerate(layer.layout.names):
-            if name not in conv.kqv_lin.lins or t not in layer.in_widths:
+        rows = {t: (types == t).nonzero().squeeze(1) for t in layer.in_widths}
+        return self._projected(x, rows, (slice(0, f), slice(2 * f, 3 * f)))
+
+    def _projected(self, x: Tensor, rows: dict[int, Tensor], parts: tuple[slice, ...]) -> Tensor:
+        """Rows ``rows[t]`` of ``x`` through type ``t``'s ``kqv_lin``, keeping the output
+        columns ``parts`` (joined); rows of other types, or of types without a map, are 0."""
+        layer: DictConvLayer = self.conv
+        lins = layer.conv.kqv_lin.lins
+        width = sum(p.stop - p.start for p in parts)
+        out = x.new_zeros(x.shape[0], width)
+        for t, sel in rows.items():
+            name = layer.layout.names[t]
+            if sel.numel() == 0 or name not in lins:
                 continue
-            rows = (types == t).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            lin = conv.kqv_lin.lins[name]
-            weight = torch.cat([lin.weight[:f], lin.weight[2 * f :]])
-            bias = None if lin.bias is None else torch.cat([lin.bias[:f], lin.bias[2 * f :]])
-            x_s = x.index_select(0, rows)[:, : layer.in_widths[t]]
-            kv.index_copy_(0, rows, nn.functional.linear(x_s, weight, bias))
-        return kv
+            lin = lins[name]
+            weight = torch.cat([lin.weight[p] for p in parts])
+            bias = None if lin.bias is None else torch.cat([lin.bias[p] for p in parts])
+            x_t = x.index_select(0, sel)[:, : layer.in_widths[t]]
+            out.index_copy_(0, sel, nn.functional.linear(x_t, weight, bias))
+        return out
 
     @staticmethod
     def _messages(

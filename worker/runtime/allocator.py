@@ -43,10 +43,9 @@ def active_allocator(maps: Path = Path("/proc/self/maps")) -> str:
     except OSError:
         return "unknown"
     for line in text.splitlines():
-        name = line.rsplit("/", 1)[-1]
-        for known in _KNOWN:
-            if name.startswith(f"lib{known}"):
-                return known
+        known = _allocator_of(line)
+        if known is not None:
+            return known
     return "glibc"
 
 
@@ -67,22 +66,23 @@ def with_tcmalloc(env: Mapping[str, str], library: str | None = None) -> dict[st
     out = dict(env)
     preload = [p for p in out.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if out.get("HOPSERVE_ALLOCATOR", "").lower() == "system":
-        kept = [p for p in preload if not _is_allocator(p)]
+        kept = [p for p in preload if _allocator_of(p) is None]
         if kept:
             out["LD_PRELOAD"] = ":".join(kept)
         else:
             out.pop("LD_PRELOAD", None)
         return out
     library = library or find_tcmalloc()
-    if library is None or any(_is_allocator(p) for p in preload):
+    if library is None or any(_allocator_of(p) for p in preload):
         return out
     out["LD_PRELOAD"] = ":".join([library, *preload])
     return out
 
 
-def _is_allocator(path: str) -> bool:
+def _allocator_of(path: str) -> str | None:
+    """The known allocator a library path (or a maps line ending in one) is, if any."""
     name = path.rsplit("/", 1)[-1]
-    return any(name.startswith(f"lib{known}") for known in _KNOWN)
+    return next((known for known in _KNOWN if name.startswith(f"lib{known}")), None)
 
 
 def allocator_hint(allocator: str) -> str | None:
