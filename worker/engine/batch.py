@@ -10,7 +10,7 @@ CUDA, issues their copies on a side stream.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -201,6 +201,7 @@ def prepare(
     device: torch.device,
     copy_stream: torch.cuda.Stream | None,
     resident: DeviceGraph | None = None,
+    whole_batches: dict[bool, LayerBatch] | None = None,
 ) -> PreparedBatch:
     """Build the block of rows ``start:end`` and gather its inputs.
 
@@ -208,13 +209,30 @@ def prepare(
     for all nodes). Gather-free source inputs are the whole tables (no copy, no account).
     On CUDA the block is built, gathered and copied on ``copy_stream`` (so it overlaps the
     previous batch's compute) and ``event`` marks the end; feature rows come from the
-    ``resident`` device copy of the graph when there is one.
+    ``resident`` device copy of the graph when there is one. ``whole_batches`` (one run's)
+    keeps the block of a full layer computed in one batch for the run's later full layers
+    (the same edges: only the layer number differs), as a whole-graph forward keeps its
+    graph; it holds what each such layer holds anyway.
     """
     on_stream = torch.cuda.stream(copy_stream) if copy_stream is not None else nullcontext()
     with on_stream:  # every device op below is queued on the copy stream
-        batch = build_batch(
-            graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
+        whole = (
+            whole_batches is not None
+            and block.index > 0
+            and frontier.nodes is None
+            and not frontier.sampled
+            and start == 0
+            and end == graph.num_nodes
         )
+        batch = whole_batches.get(gather_free) if whole else None
+        if batch is not None:
+            batch = replace(batch, layer=block.index)  # shares the block and its caches
+        else:
+            batch = build_batch(
+                graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
+            )
+            if whole:
+                whole_batches[gather_free] = batch
         features = resident.features if resident is not None else graph.features
         inputs, nbytes = [], 0
         for spec in block.inputs:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from hopserve.proto.contract import LayerStats, RunStats
-from hopserve.worker.convs.base import ConvAdapter
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.layer_table import stand_in
 from hopserve.worker.engine.batch import PreparedBatch, prepare
 from hopserve.worker.engine.batching import BatchOutOfMemory, BatchSizer, PeakMemory, is_oom
@@ -107,6 +107,7 @@ class LayerwiseRun:
         )
         self.stored: dict[str, tuple[Tensor, Tensor | None]] = {}  # name -> (rows, their ids)
         self._freed: set[str] = set()  # inputs freed behind their source tables
+        self._whole_batches: dict[bool, LayerBatch] = {}  # full layers' one-batch blocks
         self.peak = PeakMemory(ctx.device)
 
     # ------------------------------------------------------------------ blocks
@@ -331,6 +332,7 @@ class LayerwiseRun:
             block,
             frontier,
             stored=self.stored,
+            whole_batches=self._whole_batches,
             gather_free=gather_free,
             device=ctx.device,
             copy_stream=ctx.copy_stream,
@@ -454,7 +456,14 @@ class LayerwiseRun:
         """Store the batch's outputs in their layer tensors; the bytes written."""
         t = time.perf_counter()
         out_bytes = 0
+        whole = prepared.start == 0 and prepared.end == count  # the layer in one batch
+        whole = whole and not any(name in outputs for name in block.outputs)
         for name, out in zip(block.outputs, outs, strict=True):
+            out_bytes += out.numel() * out.element_size()
+            kept = self._adopt(name, out, prepared, positions, outputs) if whole else None
+            if kept is not None:
+                outputs[name] = kept
+                continue
             if name not in outputs:
                 shape = (count, *out.shape[1:])
                 outputs[name] = self.allocator.allocate(name, shape, out.dtype)
@@ -466,9 +475,35 @@ class LayerwiseRun:
                 dest[prepared.start : prepared.end].copy_(
                     out, non_blocking=dest.device.type == "cpu" and dest.is_pinned()
                 )
-            out_bytes += out.numel() * out.element_size()
         self.stats.write_out_s += time.perf_counter() - t
         return out_bytes
+
+    def _adopt(
+        self,
+        name: str,
+        out: Tensor,
+        prepared: PreparedBatch,
+        positions: dict[str, Tensor],
+        outputs: dict[str, Tensor],
+    ) -> Tensor | None:
+        """A layer computed in one batch keeps its output tensor as the layer's value (in
+        storage order), or one gather of it (``positions``: in output order), where the
+        allocator would put a new tensor on the host tier: no second layer-sized buffer,
+        no copy (a gather is parallel, a scatter is not). ``None``: allocate and copy."""
+        if self.ctx.device.type != "cpu" or out.device.type != "cpu":
+            return None
+        if name in positions:
+            pos = positions[name].to(out.device)
+            order = torch.empty_like(pos)
+            order[pos] = torch.arange(pos.numel(), device=pos.device)
+            candidate = out.index_select(0, order)
+        elif _owns_storage(
+            out, (*prepared.inputs, *(v[0] for v in self.stored.values()), *outputs.values())
+        ):
+            candidate = out
+        else:
+            return None
+        return candidate if self.allocator.adopt(name, candidate) else None
 
 
 def evaluate_plan(
@@ -505,3 +540,15 @@ def evaluate_plan(
     stats.total_s = time.perf_counter() - started
     stats.device = str(ctx.device)
     return out
+
+
+def _owns_storage(t: Tensor, others: tuple[Tensor, ...]) -> bool:
+    """Whether ``t`` is the whole of a storage no tensor in ``others`` shares (a conv's
+    fresh output, not a view of its input or of a stored layer)."""
+    if t._base is not None or not t.is_contiguous() or t.storage_offset() != 0:
+        return False
+    storage = t.untyped_storage()
+    if storage.nbytes() != t.numel() * t.element_size():
+        return False
+    ptr = storage.data_ptr()
+    return all(o.untyped_storage().data_ptr() != ptr for o in others if o.numel())

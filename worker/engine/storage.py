@@ -67,6 +67,25 @@ class TierAllocator:
         log.debug("spilling %s (%d bytes) to %s", name, nbytes, path)
         return torch.from_numpy(arr)
 
+    def adopt(self, name: str, t: Tensor) -> bool:
+        """Keep ``t`` itself as the tensor of ``name`` where :meth:`allocate` would put a
+        new one on the host tier (a layer computed in one batch: no copy, no second
+        layer-sized buffer); ``False``: allocate and copy instead.
+
+        Only for a CPU compute device: on a GPU the tier choice is the device's free
+        memory at allocation time, which the compute output already took.
+        """
+        nbytes = t.numel() * t.element_size()
+        if (
+            self.device.type != "cpu"
+            or t.device.type != "cpu"
+            or self.host_used + nbytes > self.host_budget_bytes
+        ):
+            return False
+        self.host_used += nbytes
+        self.tiers[name] = "host"
+        return True
+
     def release(self, name: str, t: Tensor) -> None:
         if self.tiers.get(name) == "host":
             self.host_used -= t.numel() * t.element_size()
