@@ -77,16 +77,38 @@ def dgl_block(batch: LayerBatch):
 
         # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
         eids = torch.arange(batch.num_edges, device=batch.indptr.device)
-        cached = dgl.create_block(
-            ("csc", (batch.indptr, batch.src_index, eids)),
-            num_src_nodes=batch.num_src,
-            num_dst_nodes=batch.num_dst,
-            device=batch.indptr.device,
-        )
+        if batch.indptr.device.type == "cpu":
+            cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
+        else:
+            cached = dgl.create_block(
+                ("csc", (batch.indptr, batch.src_index, eids)),
+                num_src_nodes=batch.num_src,
+                num_dst_nodes=batch.num_dst,
+                device=batch.indptr.device,
+            )
         cached.__class__ = _spmm_block_class()
         cached._hopserve_csc = (batch.indptr, batch.src_index)
         batch._cache["dgl_block"] = cached
     return cached
+
+
+def csc_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_dst: int):
+    """``dgl.create_block(("csc", (indptr, indices, eids)), num_src, num_dst)`` on the CPU,
+    built as ``create_block`` builds it (one relation ``_N → _N`` of a two-type metagraph)
+    without its scan of every index for the largest node ID: a batch's source positions
+    are below ``num_src`` by construction, and the scan costs as much as a small layer's
+    aggregation (``tests/worker/convs/test_dgl_conv.py`` checks both give the same block)."""
+    from dgl import graph_index, heterograph_index, utils
+    from dgl.heterograph import DGLBlock
+
+    formats = ["coo", "csr", "csc"]
+    rel = heterograph_index.create_unitgraph_from_csr(
+        2, num_src, num_dst, indptr, indices, eids, formats, True
+    )
+    meta = graph_index.from_coo(2, [0], [1], True)
+    counts = utils.toindex([num_src, num_dst], "int64")
+    index = heterograph_index.create_heterograph_from_relations(meta, [rel], counts)
+    return DGLBlock(index, (["_N"], ["_N"]), ["_E"])
 
 
 @functools.cache

@@ -27,11 +27,14 @@ Three cases, by how the batch reads its sources:
 
 * gathered source rows: ``x_src · c_out[src]`` per batch, aggregated first (the ``B``
   destination rows are projected, see :func:`~.dgl_conv.aggregate_first`);
-* a full layer read in place (all nodes, storage order; full evaluation): when
-  ``in > out`` the projected table ``(c_out ⊙ x) W`` is computed once per layer
-  (:class:`~.dgl_conv.LayerTableCache`), exactly the full-graph forward's own source side,
-  and each batch only aggregates it; otherwise each batch aggregates ``x`` in place with
-  ``c_out[u]`` as its edges' factors (the same products, no ``[N, in]`` scaled copy);
+* a full layer read in place (all nodes, storage order; full evaluation): the full-graph
+  forward's own source side is computed once per layer
+  (:class:`~.dgl_conv.LayerTableCache`): ``(c_out ⊙ x) W`` when ``in > out`` (made a
+  block of rows at a time, no ``[N, in]`` scaled copy), else ``c_out ⊙ x``; each batch
+  aggregates it with DGL's ``copy_u`` kernel (a per-edge factor instead would need the
+  ``u_mul_e`` kernel, about twice as slow). The table is all the layer reads, so the
+  engine frees the layer's input once it is made: the peak is two layer-sized tensors,
+  as before;
 * a partial frontier read in place: no whole-table work for a few rows; the conv runs
   through a view with ``norm="none"`` and the per-edge weight :math:`c^{out}_u c^{in}_v`
   (DGL's ``edge_weight`` path, ``u_mul_e``); only the rounding differs (the two factors
@@ -49,8 +52,8 @@ whole graph's :math:`d^{out}` would scale a source with many sampled-away out-ed
 little. ``"right"`` / ``"none"`` read only the batch's in-degrees, which are :math:`G_l`'s.
 
 Gather-free: a partial frontier's per-edge weights index the stored node table directly
-(no per-batch gather, no scaled copy of the table); a full layer's projected table is
-``N × out`` values (``out < in``) while that layer runs.
+(no per-batch gather, no scaled copy of the table); a full layer's table is
+``N × min(in, out)`` values while that layer runs.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ from hopserve.worker.graph.planner import sampled_out_degrees
 
 # Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
 SAMPLED_CACHE_SIZE = 4
+# Scaled input rows per step while a full layer's projected table is made (cache-sized).
+TABLE_CHUNK_BYTES = 4 << 20
 
 
 def _unnormalized(conv: nn.Module) -> nn.Module:
@@ -175,38 +180,42 @@ class DGLGraphConvAdapter(DGLConvAdapter):
         return self.edge_values(batch)["edge_weight"]
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        """A full layer: ``(c_out ⊙ x) W`` once per layer when ``in > out``; otherwise ``x``
-        is read in place with ``c_out[u]`` as each edge's factor (``x_u · c_out[u]``, the
-        products the scaled table would hold, without its ``[N, in]`` copy)."""
-        conv = self.conv
-        weight = conv.weight
-        if weight is None or conv._in_feats <= conv._out_feats:
-            scale = self.source_norm(batch).to(x.device)[batch.src_index]
-            return self._aggregate(x, batch, projected=False, edge_scale=scale)
-
+        """A full layer aggregates the layer's source table, made once per layer: DGL's
+        own source side, ``(c_out ⊙ x) W`` when ``in > out``, else ``c_out ⊙ x``."""
         key = self._table_key(batch.layer, batch.sampling)
         norm = self.source_norm(batch)
         table = self._tables.get(x, key, batch, lambda: self._make_table(x, norm))
-        return self._aggregate(table, batch, projected=True)
+        return self._aggregate(table, batch, projected=self._projects_first)
+
+    @property
+    def _projects_first(self) -> bool:
+        """Whether DGL multiplies ``W`` in before aggregating (``in > out``)."""
+        conv = self.conv
+        return conv.weight is not None and conv._in_feats > conv._out_feats
 
     def _table_key(self, layer: int, sampling: Sampling | None) -> tuple:
         weight = self.conv.weight
         return (layer, sampling, (id(weight), getattr(weight, "_version", 0)))
 
     def _make_table(self, x: Tensor, norm: Tensor) -> Tensor:
-        """``(c_out ⊙ x) W`` for every stored row."""
-        return torch.matmul(_scale_rows(x, norm.to(x.device)), self.conv.weight)
+        """The source table of every stored row: ``(c_out ⊙ x) W`` (made a block of rows at
+        a time: no ``[N, in]`` scaled copy) or ``c_out ⊙ x``."""
+        norm = norm.to(x.device)
+        if not self._projects_first:
+            return _scale_rows(x, norm)
+        weight = self.conv.weight
+        table = x.new_empty((x.shape[0], weight.shape[1]))
+        step = max(1, TABLE_CHUNK_BYTES // max(1, x[:1].numel() * x.element_size()))
+        for a in range(0, x.shape[0], step):
+            torch.matmul(
+                _scale_rows(x[a : a + step], norm[a : a + step]), weight, out=table[a : a + step]
+            )
+        return table
 
     @property
     def full_layer_table_only(self) -> bool:
-        """A full layer with ``in > out`` reads only ``(c_out ⊙ x) W`` (and the degrees)."""
-        conv = self.conv
-        return (
-            self.global_norm
-            and self.supports_global_src
-            and conv.weight is not None
-            and conv._in_feats > conv._out_feats
-        )
+        """A full layer reads only its source table (and the degrees), never ``x``."""
+        return self.global_norm and self.supports_global_src
 
     def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
         table = self._make_table(x, self._src_norm)  # the whole graph's c_out (exact layers)
@@ -215,11 +224,9 @@ class DGLGraphConvAdapter(DGLConvAdapter):
     def drop_full_layer_table(self) -> None:
         self._tables.clear()
 
-    def _aggregate(
-        self, src: Tensor, batch: LayerBatch, *, projected: bool, edge_scale: Tensor | None = None
-    ) -> Tensor:
-        """DGL ``GraphConv.forward`` from the aggregation on: sum, ``W``, ``c_in``, bias, act
-        (``edge_scale``: a factor per edge, times the model's edge weights if any)."""
+    def _aggregate(self, src: Tensor, batch: LayerBatch, *, projected: bool) -> Tensor:
+        """DGL ``GraphConv.forward`` from the aggregation on: sum (times the model's edge
+        weights if any), ``W`` unless ``projected``, ``c_in``, bias, act."""
         import dgl
 
         conv = self.conv
@@ -231,10 +238,6 @@ class DGLGraphConvAdapter(DGLConvAdapter):
                 "invalid (GraphConv with allow_zero_in_degree=False)."
             )
         user = self._user_weight(batch)
-        if user is not None and edge_scale is not None:
-            user = edge_scale * user.to(edge_scale.dtype)
-        elif user is None:
-            user = edge_scale
         if user is None:
             rst = dgl.ops.copy_u_sum(block, src)
         elif src.dim() == 2:  # DGL's u_mul_e_sum, as a torch CSR SpMM (same sums)
@@ -245,11 +248,12 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             rst = dgl.ops.u_mul_e_sum(block, src, e)
         if not projected and conv.weight is not None:
             rst = torch.matmul(rst, conv.weight)
+        # rst is this call's own tensor: the epilogue runs in place (no layer-sized copies)
         if self.norm == "both":
             norm = degs.to(rst).clamp(min=1).pow(-0.5)
-            rst = rst * norm.reshape(norm.shape + (1,) * (rst.dim() - 1))
+            rst.mul_(norm.reshape(norm.shape + (1,) * (rst.dim() - 1)))
         if conv.bias is not None:
-            rst = rst + conv.bias
+            rst.add_(conv.bias)
         if conv._activation is not None:
             rst = conv._activation(rst)
         return rst

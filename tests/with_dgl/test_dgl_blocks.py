@@ -1,0 +1,43 @@
+"""The DGL block of a batch: ``csc_block`` builds what ``dgl.create_block`` builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
+
+from hopserve.worker.convs.dgl_conv import csc_block  # noqa: E402
+
+pytestmark = pytest.mark.dgl
+
+
+@pytest.mark.parametrize(
+    ("num_src", "num_dst", "num_edges"), [(50, 20, 300), (9, 9, 0), (40, 1, 7)]
+)
+def test_csc_block_equals_create_block(num_src, num_dst, num_edges):
+    gen = torch.Generator().manual_seed(num_src + num_edges)
+    dst = torch.sort(torch.randint(num_dst, (num_edges,), generator=gen)).values
+    indices = torch.randint(num_src, (num_edges,), generator=gen)
+    indptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
+    eids = torch.arange(num_edges)
+    want = dgl.create_block(
+        ("csc", (indptr, indices, eids)), num_src_nodes=num_src, num_dst_nodes=num_dst
+    )
+    got = csc_block(indptr, indices, eids, num_src, num_dst)
+    assert type(got) is type(want)
+    assert (got.num_src_nodes(), got.num_dst_nodes(), got.num_edges()) == (
+        num_src,
+        num_dst,
+        num_edges,
+    )
+    assert got.canonical_etypes == want.canonical_etypes and got.idtype == want.idtype
+    for a, b in zip(got.edges(order="eid"), want.edges(order="eid"), strict=True):
+        assert torch.equal(a, b)
+    x = torch.randn(num_src, 3, generator=gen)
+    w = torch.randn(num_edges, 1, generator=gen)
+    for op in (dgl.ops.copy_u_sum, dgl.ops.copy_u_max, dgl.ops.copy_u_mean):
+        assert torch.equal(op(got, x), op(want, x)), op.__name__
+    assert torch.equal(dgl.ops.u_mul_e_sum(got, x, w), dgl.ops.u_mul_e_sum(want, x, w))
+    assert torch.equal(got.in_degrees(), want.in_degrees())
