@@ -24,6 +24,22 @@ pytestmark = pytest.mark.dgl
 
 
 @pytest.fixture
+def per_edge_factor_sums(monkeypatch):
+    """Counts GraphConv's aggregations with a per-edge factor (torch CSR SpMM)."""
+    from hopserve.worker.convs import dgl_graphconv
+
+    calls: list[int] = []
+    real = dgl_graphconv.csr_weighted_sum
+
+    def spy(indptr, indices, values, dense, size):
+        calls.append(int(values.numel()))
+        return real(indptr, indices, values, dense, size)
+
+    monkeypatch.setattr(dgl_graphconv, "csr_weighted_sum", spy)
+    return calls
+
+
+@pytest.fixture
 def table_builds(monkeypatch):
     """Counts the derived tables built (cache misses, and tables derived up front before
     the layer's input is freed) during a test."""
@@ -48,11 +64,14 @@ def table_builds(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["gcn_both", "gcn_left", "sage_mean", "sage_gcn"])
-def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_builds):
+def test_full_layer_table_once_per_layer_and_exact(
+    family, medium_graph, table_builds, per_edge_factor_sums
+):
     edge_index, x, store = medium_graph
     model = build(family, D_IN, seed=2)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
     table_builds.clear()  # the evaluator's load-time self-check runs a small graph
+    per_edge_factor_sums.clear()
     assert_exact(ev.evaluate(), DGL.forward(model, edge_index, x), f"{family} full")
     stats = ev.last_stats
     many = [ly.layer for ly in stats.layers if ly.gather_free and ly.batches > 1]
@@ -65,11 +84,32 @@ def test_full_layer_table_once_per_layer_and_exact(family, medium_graph, table_b
         # layer's input is freed once its table is built.
         assert table_builds == [(n, D_IN), (n, 16), (n, 5)], (table_builds, many)
         assert freed == [1, 1, 1], freed
+        assert per_edge_factor_sums == [], "every batch aggregates its table (copy_u)"
     else:
         # SAGEConv: only the in > out layer builds fc_neigh(x) (16 -> 5); it reads x's
         # destination rows too (fc_self), so nothing is freed.
         assert table_builds == [(n, 5)], (table_builds, many)
         assert freed == [0, 0, 0], freed
+
+
+def test_graphconv_tables_never_sit_beside_a_kept_input(
+    medium_graph, table_builds, per_edge_factor_sums
+):
+    """JKNet keeps every layer for its head: GraphConv makes its ``c_out ⊙ x`` table only
+    beside the graph's features (layer 1, derived up front, nothing freed) and reads the
+    kept layers 2 and 3 in place with per-edge factors: no third layer-sized tensor."""
+    edge_index, x, store = medium_graph
+    model = build("jk_cat", D_IN, seed=7)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=100, progress=False)
+    table_builds.clear()
+    per_edge_factor_sums.clear()
+    assert_exact(ev.evaluate(), DGL.forward(model, edge_index, x), "jk_cat full")
+    layers = [ly for ly in ev.last_stats.layers if ly.layer > 0]
+    assert all(ly.gather_free and ly.batches > 1 for ly in layers), layers
+    assert table_builds == [(store.num_nodes, D_IN)], table_builds
+    assert [ly.freed_inputs for ly in layers] == [0, 0, 0]
+    # layers 2 and 3: every edge once, with its factor
+    assert sum(per_edge_factor_sums) == 2 * store.num_edges, per_edge_factor_sums
 
 
 @pytest.mark.parametrize(("family", "freed"), [("gat", [0, 0]), ("gat_plain", [0, 1])])

@@ -351,7 +351,8 @@ class ConvAdapter(nn.Module):
 
     def derive_full_layer_table(self, x: Tensor, stand_in: Tensor, layer: int) -> None:
         """Derive full layer ``layer``'s source table from ``x`` now, for batches that are
-        given ``stand_in`` (:func:`~hopserve.worker.convs.layer_table.stand_in`) instead."""
+        given ``stand_in`` (:func:`~hopserve.worker.convs.layer_table.stand_in`) instead of a
+        freed ``x``, or ``x`` itself when it stays (the graph's features)."""
         raise NotImplementedError(type(self).__name__)
 
     def drop_full_layer_table(self) -> None:

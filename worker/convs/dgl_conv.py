@@ -76,7 +76,9 @@ def dgl_block(batch: LayerBatch):
         import dgl
 
         # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
-        eids = torch.arange(batch.num_edges, device=batch.indptr.device)
+        eids = batch._cache.get("local_edge_ids")
+        if eids is None:
+            eids = torch.arange(batch.num_edges, device=batch.indptr.device)
         if batch.indptr.device.type == "cpu":
             cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
         else:

@@ -29,12 +29,15 @@ Three cases, by how the batch reads its sources:
   destination rows are projected, see :func:`~.dgl_conv.aggregate_first`);
 * a full layer read in place (all nodes, storage order; full evaluation): the full-graph
   forward's own source side is computed once per layer
-  (:class:`~.dgl_conv.LayerTableCache`): ``(c_out ⊙ x) W`` when ``in > out`` (made a
-  block of rows at a time, no ``[N, in]`` scaled copy), else ``c_out ⊙ x``; each batch
-  aggregates it with DGL's ``copy_u`` kernel (a per-edge factor instead would need the
-  ``u_mul_e`` kernel, about twice as slow). The table is all the layer reads, so the
-  engine frees the layer's input once it is made: the peak is two layer-sized tensors,
-  as before;
+  (:class:`~.dgl_conv.LayerTableCache`) and each batch aggregates it with DGL's
+  ``copy_u`` kernel: ``(c_out ⊙ x) W`` when ``in > out`` (made a block of rows at a time,
+  no ``[N, in]`` scaled copy); ``c_out ⊙ x`` otherwise, when the engine derives it up
+  front — in place of an input it then frees, or beside the graph's features — so the
+  layer never holds more than two layer-sized tensors beside the features. An input later
+  layers keep (JKNet) is read in place instead, ``c_out[u]`` each edge's factor (a torch
+  CSR SpMM, about twice the time of ``copy_u``, no ``[N, in]`` copy), unless the layer is
+  one batch: the graph fits the memory budget, and the layer runs as DGL's whole-graph
+  forward does, table and all;
 * a partial frontier read in place: no whole-table work for a few rows; the conv runs
   through a view with ``norm="none"`` and the per-edge weight :math:`c^{out}_u c^{in}_v`
   (DGL's ``edge_weight`` path, ``u_mul_e``); only the rounding differs (the two factors
@@ -74,6 +77,7 @@ from hopserve.worker.convs.dgl_conv import (
     dgl_block,
     full_layer,
 )
+from hopserve.worker.convs.layer_table import is_stand_in
 from hopserve.worker.graph.planner import sampled_out_degrees
 
 # Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
@@ -181,11 +185,26 @@ class DGLGraphConvAdapter(DGLConvAdapter):
 
     def _run_full_layer(self, x: Tensor, batch: LayerBatch) -> Tensor:
         """A full layer aggregates the layer's source table, made once per layer: DGL's
-        own source side, ``(c_out ⊙ x) W`` when ``in > out``, else ``c_out ⊙ x``."""
+        own source side, ``(c_out ⊙ x) W`` when ``in > out``, else ``c_out ⊙ x`` when the
+        engine derived it up front (in place of a freed input, or beside the features) or
+        the layer is one batch (the whole-graph forward's own step, memory included);
+        otherwise ``x`` is read in place with ``c_out[u]`` as each edge's factor."""
         key = self._table_key(batch.layer, batch.sampling)
         norm = self.source_norm(batch)
-        table = self._tables.get(x, key, batch, lambda: self._make_table(x, norm))
-        return self._aggregate(table, batch, projected=self._projects_first)
+        if self._projects_first:
+            table = self._tables.get(x, key, batch, lambda: self._make_table(x, norm))
+            return self._aggregate(table, batch, projected=True)
+        table = self._tables.derived(x, key)
+        if table is None and batch.dst_start == 0 and batch.num_dst == batch.global_src_size:
+            table = self._make_table(x, norm)  # the layer in one batch: the forward's own step
+        if table is not None:
+            return self._aggregate(table, batch, projected=False)
+        if is_stand_in(x):
+            raise RuntimeError(
+                f"layer {batch.layer}: GraphConv's input was freed without its table"
+            )
+        scale = norm.to(x.device)[batch.src_index]
+        return self._aggregate(x, batch, projected=False, edge_scale=scale)
 
     @property
     def _projects_first(self) -> bool:
@@ -224,9 +243,12 @@ class DGLGraphConvAdapter(DGLConvAdapter):
     def drop_full_layer_table(self) -> None:
         self._tables.clear()
 
-    def _aggregate(self, src: Tensor, batch: LayerBatch, *, projected: bool) -> Tensor:
-        """DGL ``GraphConv.forward`` from the aggregation on: sum (times the model's edge
-        weights if any), ``W`` unless ``projected``, ``c_in``, bias, act."""
+    def _aggregate(
+        self, src: Tensor, batch: LayerBatch, *, projected: bool, edge_scale: Tensor | None = None
+    ) -> Tensor:
+        """DGL ``GraphConv.forward`` from the aggregation on: sum (times ``edge_scale`` and
+        the model's edge weights, if any, per edge), ``W`` unless ``projected``, ``c_in``,
+        bias, act."""
         import dgl
 
         conv = self.conv
@@ -238,6 +260,10 @@ class DGLGraphConvAdapter(DGLConvAdapter):
                 "invalid (GraphConv with allow_zero_in_degree=False)."
             )
         user = self._user_weight(batch)
+        if user is not None and edge_scale is not None:
+            user = edge_scale * user.to(edge_scale.dtype)
+        elif user is None:
+            user = edge_scale
         if user is None:
             rst = dgl.ops.copy_u_sum(block, src)
         elif src.dim() == 2:  # DGL's u_mul_e_sum, as a torch CSR SpMM (same sums)

@@ -169,6 +169,13 @@ class LayerTableCache:
                     self._entry = None
         return value
 
+    def derived(self, x: Tensor, key: Hashable) -> Any | None:
+        """The table kept for ``(x, key)`` by :meth:`put`, or ``None`` (never made here)."""
+        with self._lock:
+            e = self._entry
+            hit = e is not None and self._pinned and e[0]() is x and e[1] == x._version
+            return e[3] if hit and e[2] == key else None
+
     def put(self, x: Tensor, key: Hashable, value: Any) -> None:
         """Keep ``value`` as the table for ``(x, key)`` until :meth:`clear`."""
         with self._lock:

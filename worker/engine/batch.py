@@ -97,7 +97,7 @@ def build_batch(
         torch.cumsum(torch.from_numpy(counts), 0, out=indptr[1:])
 
     if global_src:
-        return LayerBatch(
+        batch = LayerBatch(
             dst,
             num_dst,
             indptr,
@@ -108,6 +108,8 @@ def build_batch(
             dst_start=start if frontier.nodes is None else None,
             sampling=sampling,
         )
+        _note_local_edge_ids(batch, frontier, start)
+        return batch
     if frontier.nodes is None:  # dst = start..end-1
         is_dst = (src >= start) & (src < end)
         dst_pos = src - start
@@ -120,9 +122,18 @@ def build_batch(
     src_index = torch.empty_like(src)
     src_index[is_dst] = dst_pos[is_dst]
     src_index[~is_dst] = inverse + num_dst
-    return LayerBatch(
+    batch = LayerBatch(
         torch.cat([dst, uniq]), num_dst, indptr, src_index, edge_ids, layer, sampling=sampling
     )
+    _note_local_edge_ids(batch, frontier, start)
+    return batch
+
+
+def _note_local_edge_ids(batch: LayerBatch, frontier: LayerFrontier, start: int) -> None:
+    """A full layer's first batch: its store edge ids are its local ones ``0 … E-1``,
+    which :func:`~hopserve.worker.convs.dgl_conv.dgl_block` reuses (no second arange)."""
+    if frontier.nodes is None and not frontier.sampled and start == 0:
+        batch._cache["local_edge_ids"] = batch.edge_ids
 
 
 def _resident_block(graph, resident: DeviceGraph, start: int, end: int, layer: int) -> LayerBatch:

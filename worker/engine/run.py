@@ -227,7 +227,7 @@ class LayerwiseRun:
         holders: list[ConvAdapter] = []  # adapters holding a table derived up front
         try:
             if gather_free and rows is None and not frontier.sampled:
-                self._free_table_only_inputs(block, lstats, holders)
+                self._derive_source_tables(block, lstats, holders)
             # After the tables: a device's memory target sees what they hold
             target = self.peak.target(ctx.memory_budget_bytes)
             sizer: BatchSizer = ctx.sizer_for(block, target)
@@ -239,26 +239,33 @@ class LayerwiseRun:
             for adapter in holders:
                 adapter.drop_full_layer_table()
 
-    def _free_table_only_inputs(
+    def _derive_source_tables(
         self, block: ConvBlock, lstats: LayerStats, holders: list[ConvAdapter]
     ) -> None:
-        """Free the full layer's inputs that its convs read only through source tables.
+        """Derive up front the source tables of a full layer's inputs that its convs read
+        only through them, and free those inputs that no later block reads.
 
-        An input no later block reads, read by this block through convs only, each of
-        which can derive its source table up front and then read nothing else of it (GAT:
-        the projected heads and their logits): the tables are derived now, the input is
-        freed, and the batches get a :func:`stand_in`. Peak: input + tables while deriving,
-        then tables + output, instead of all three at once.
+        An input read by this block through convs only, each of which can derive its
+        source table up front and then read nothing else of it (GAT: the projected heads
+        and their logits; DGL GraphConv: ``c_out ⊙ x``):
+
+        * a value no later block reads: the tables are derived now, the input is freed and
+          the batches get a :func:`stand_in`. Peak: input + tables while deriving, then
+          tables + output, instead of all three at once;
+        * the graph's features (which stay): the tables are derived now, keyed by the
+          features themselves. An adapter whose table is as wide as its input makes it
+          only when derived up front (:meth:`ConvAdapter.derive_full_layer_table`), never
+          beside an input that later blocks keep.
         """
-        split = self.ctx.split
+        ctx, split = self.ctx, self.ctx.split
         for spec in block.inputs:
+            features = spec.producer == FEATURES  # the graph's own table stays
             if (
                 spec.rows != SRC
-                or spec.producer == FEATURES  # the graph's own table stays
                 or spec.read_on_dst
                 or not spec.src_convs
                 or spec.name == split.output
-                or split.last_use.get(spec.name, -1) > block.index
+                or (not features and split.last_use.get(spec.name, -1) > block.index)
                 # a conv also called on another value holds one table per layer
                 or any(block.convs.count(c) != spec.src_convs.count(c) for c in spec.src_convs)
             ):
@@ -266,13 +273,20 @@ class LayerwiseRun:
             adapters = [split.adapters[c] for c in spec.src_convs]
             if not all(a.full_layer_table_only for a in adapters):
                 continue
-            x, rows = self.stored[spec.name]
-            placeholder = stand_in(x)
+            if features:
+                resident = ctx.resident
+                x = resident.features if resident is not None else ctx.graph.features
+                key = x
+            else:
+                x, rows = self.stored[spec.name]
+                key = stand_in(x)
             for adapter in adapters:
                 holders.append(adapter)
                 with torch.no_grad():
-                    adapter.derive_full_layer_table(x, placeholder, block.index)
-            self.stored[spec.name] = (placeholder, rows)
+                    adapter.derive_full_layer_table(x, key, block.index)
+            if features:
+                continue
+            self.stored[spec.name] = (key, rows)
             self.allocator.release(spec.name, x)  # the block's outputs may take its place
             self._freed.add(spec.name)
             del x
