@@ -81,8 +81,8 @@ class LayerwiseRun:
         ctx: The evaluator's long-lived parts.
         plan: Frontiers ``V^0 … V^L`` (numpy, from the planner or a checked job).
         stats: Where timings and counters go (``planning_s`` already set by the caller).
-        final_positions: For full evaluation of a graph with external IDs: the output row
-            of each storage node (the last layer then writes in external-ID order).
+        final_order: For full evaluation of a graph with external IDs: the storage node
+            of each output row (the last layer then writes in external-ID order).
     """
 
     def __init__(
@@ -91,13 +91,14 @@ class LayerwiseRun:
         plan: Plan,
         stats: RunStats,
         *,
-        final_positions: Tensor | None = None,
+        final_order: Tensor | None = None,
         show_progress: bool = False,
     ) -> None:
         self.ctx = ctx
         self.plan = plan
         self.stats = stats
-        self.final_positions = final_positions
+        self.final_order = final_order
+        self._final_positions: Tensor | None = None  # its inverse, made when a scatter needs it
         self.show_progress = show_progress
         self.allocator = TierAllocator(
             ctx.device,
@@ -165,8 +166,7 @@ class LayerwiseRun:
         lstats = LayerStats(layer=block.index, rows=count, reused_rows=reused)
         self.stats.layers.append(lstats)
         outputs: dict[str, Tensor] = {}
-        split = ctx.split
-        positions = {split.output: self.final_positions} if self.final_positions is not None else {}
+        positions: dict[str, Tensor] = {}  # output rows by value (the final order aside)
         if reused:  # computed rows go between the reused ones: V^l keeps its order
             at = torch.from_numpy(np.searchsorted(layer.nodes, frontier.nodes))
             positions = dict.fromkeys(block.outputs, at)
@@ -482,8 +482,9 @@ class LayerwiseRun:
                 shape = (count, *out.shape[1:])
                 outputs[name] = self.allocator.allocate(name, shape, out.dtype)
             dest = outputs[name]
-            if name in positions:
-                rows_out = positions[name][prepared.start : prepared.end]
+            scatter = self._positions(name, positions)
+            if scatter is not None:
+                rows_out = scatter[prepared.start : prepared.end]
                 dest.index_copy_(0, rows_out.to(dest.device), out.to(dest.device))
             else:
                 dest[prepared.start : prepared.end].copy_(
@@ -491,6 +492,21 @@ class LayerwiseRun:
                 )
         self.stats.write_out_s += time.perf_counter() - t
         return out_bytes
+
+    def _is_final(self, name: str) -> bool:
+        return self.final_order is not None and name == self.ctx.split.output
+
+    def _positions(self, name: str, positions: dict[str, Tensor]) -> Tensor | None:
+        """The output row of each computed row of ``name``, or ``None`` (rows in order)."""
+        if name in positions:
+            return positions[name]
+        if not self._is_final(name):
+            return None
+        if self._final_positions is None:
+            order = self.final_order
+            self._final_positions = torch.empty_like(order)
+            self._final_positions[order] = torch.arange(order.numel())
+        return self._final_positions
 
     def _adopt(
         self,
@@ -507,10 +523,9 @@ class LayerwiseRun:
         if self.ctx.device.type != "cpu" or out.device.type != "cpu":
             return None
         if name in positions:
-            pos = positions[name].to(out.device)
-            order = torch.empty_like(pos)
-            order[pos] = torch.arange(pos.numel(), device=pos.device)
-            candidate = out.index_select(0, order)
+            return None  # rows between reused ones: not the layer's every row
+        if self._is_final(name):
+            candidate = out.index_select(0, self.final_order.to(out.device))
         elif _owns_storage(
             out, (*prepared.inputs, *(v[0] for v in self.stored.values()), *outputs.values())
         ):
@@ -534,12 +549,10 @@ def evaluate_plan(
     from hopserve.worker.engine.batch import row_positions
 
     graph = ctx.graph
-    scatter = None  # full evaluation: the last layer writes rows in external-ID order
+    order = None  # full evaluation: the last layer writes rows in external-ID order
     if storage_targets is None and graph.node_ids is not None:
         order = graph.sorted_external_order()
-        scatter = torch.empty_like(order)
-        scatter[order] = torch.arange(order.numel())
-    run = LayerwiseRun(ctx, plan, stats, final_positions=scatter, show_progress=show_progress)
+    run = LayerwiseRun(ctx, plan, stats, final_order=order, show_progress=show_progress)
     final, final_rows = run.execute()
     t = time.perf_counter()
     if storage_targets is None:
