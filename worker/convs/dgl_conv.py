@@ -99,7 +99,7 @@ def csc_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_d
     built as ``create_block`` builds it (one relation ``_N → _N`` of a two-type metagraph)
     without its scan of every index for the largest node ID: a batch's source positions
     are below ``num_src`` by construction, and the scan costs as much as a small layer's
-    aggregation (``tests/worker/convs/test_dgl_conv.py`` checks both give the same block)."""
+    aggregation (``tests/with_dgl/test_dgl_blocks.py`` checks both give the same block)."""
     from dgl import graph_index, heterograph_index, utils
     from dgl.heterograph import DGLBlock
 

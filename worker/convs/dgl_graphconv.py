@@ -77,7 +77,8 @@ from hopserve.worker.convs.dgl_conv import (
     dgl_block,
     full_layer,
 )
-from hopserve.worker.convs.layer_table import is_stand_in
+from hopserve.worker.convs.edge_chunks import edge_chunks
+from hopserve.worker.convs.layer_table import is_stand_in, whole_layer
 from hopserve.worker.graph.planner import sampled_out_degrees
 
 # Sampled (layer, fanout, seed) source-norm vectors kept per adapter (float32 [N] each).
@@ -195,7 +196,7 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             table = self._tables.get(x, key, batch, lambda: self._make_table(x, norm))
             return self._aggregate(table, batch, projected=True)
         table = self._tables.derived(x, key)
-        if table is None and batch.dst_start == 0 and batch.num_dst == batch.global_src_size:
+        if table is None and whole_layer(batch):
             table = self._make_table(x, norm)  # the layer in one batch: the forward's own step
         if table is not None:
             return self._aggregate(table, batch, projected=False)
@@ -224,11 +225,9 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             return _scale_rows(x, norm)
         weight = self.conv.weight
         table = x.new_empty((x.shape[0], weight.shape[1]))
-        step = max(1, TABLE_CHUNK_BYTES // max(1, x[:1].numel() * x.element_size()))
-        for a in range(0, x.shape[0], step):
-            torch.matmul(
-                _scale_rows(x[a : a + step], norm[a : a + step]), weight, out=table[a : a + step]
-            )
+        row_bytes = x[:1].numel() * x.element_size()
+        for rows in edge_chunks(x.shape[0], row_bytes, TABLE_CHUNK_BYTES):  # slices of rows
+            torch.matmul(_scale_rows(x[rows], norm[rows]), weight, out=table[rows])
         return table
 
     @property

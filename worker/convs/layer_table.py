@@ -20,13 +20,18 @@ from hopserve.worker.convs.base import LayerBatch
 
 __all__ = [
     "FullLayerPath", "LayerTableCache", "csr_weighted_sum", "full_layer", "is_stand_in",
-    "per_head_table", "stand_in",
+    "per_head_table", "stand_in", "whole_layer",
 ]  # fmt: skip
 
 
 def full_layer(batch: LayerBatch) -> bool:
     """Whether ``batch`` belongs to a full gather-free layer (all nodes, storage order)."""
     return batch.global_src_size is not None and batch.dst_start is not None
+
+
+def whole_layer(batch: LayerBatch) -> bool:
+    """Whether ``batch`` is a full gather-free layer in one batch (every node at once)."""
+    return full_layer(batch) and batch.dst_start == 0 and batch.num_dst == batch.global_src_size
 
 
 def stand_in(x: Tensor) -> Tensor:

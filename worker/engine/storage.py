@@ -54,9 +54,7 @@ class TierAllocator:
                 else:
                     self.tiers[name] = "device"
                     return t
-        if self.host_used + nbytes <= self.host_budget_bytes:
-            self.host_used += nbytes
-            self.tiers[name] = "host"
+        if self._take_host(name, nbytes):
             pin = self.device.type == "cuda"
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
         self.tiers[name] = "disk"
@@ -75,12 +73,13 @@ class TierAllocator:
         Only for a CPU compute device: on a GPU the tier choice is the device's free
         memory at allocation time, which the compute output already took.
         """
-        nbytes = t.numel() * t.element_size()
-        if (
-            self.device.type != "cpu"
-            or t.device.type != "cpu"
-            or self.host_used + nbytes > self.host_budget_bytes
-        ):
+        if self.device.type != "cpu" or t.device.type != "cpu":
+            return False
+        return self._take_host(name, t.numel() * t.element_size())
+
+    def _take_host(self, name: str, nbytes: int) -> bool:
+        """Account ``nbytes`` of ``name`` on the host tier if the budget has room."""
+        if self.host_used + nbytes > self.host_budget_bytes:
             return False
         self.host_used += nbytes
         self.tiers[name] = "host"
