@@ -203,6 +203,7 @@ class AdminClientBase(EmbeddingClientBase):
         edge_relations: Sequence[str] | None = None,
         remove_relations: Sequence[str] | None = None,
         set_node_type: str | None = None,
+        add_node_type: str | None = None,
     ) -> admin_pb2.UpdateGraphRequest:
         """The request of :meth:`AdminClient.update_graph` (checks every argument)."""
         request = admin_pb2.UpdateGraphRequest(model=check_model(model))
@@ -226,14 +227,17 @@ class AdminClientBase(EmbeddingClientBase):
                 edge_list("remove_edges", remove_edges, relations=remove_relations)
             )
             parts += 1
-        if set_node_type is not None:
-            if set_features is None:
-                raise InvalidArgumentError("set_node_type needs set_features")
-            if not isinstance(set_node_type, str) or not set_node_type:
-                raise InvalidArgumentError(
-                    f"set_node_type must be a non-empty string, got {set_node_type!r}"
-                )
-            request.set_features.node_type = set_node_type
+        for arg, name, rows, value in (
+            ("set_node_type", "set_features", set_features, set_node_type),
+            ("add_node_type", "add_nodes", add_nodes, add_node_type),
+        ):
+            if value is None:
+                continue
+            if rows is None:
+                raise InvalidArgumentError(f"{arg} needs {name}")
+            if not isinstance(value, str) or not value:
+                raise InvalidArgumentError(f"{arg} must be a non-empty string, got {value!r}")
+            getattr(request, name).node_type = value
         if not parts:
             raise InvalidArgumentError(
                 "update_graph needs at least one of add_nodes, add_edges, remove_edges, "
@@ -338,6 +342,7 @@ class AdminClient(AdminClientBase):
         edge_relations: Sequence[str] | None = None,
         remove_relations: Sequence[str] | None = None,
         set_node_type: str | None = None,
+        add_node_type: str | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """Apply one atomic batch of mutations to the graph ``model`` serves.
@@ -371,6 +376,10 @@ class AdminClient(AdminClientBase):
                 every relation.
             set_node_type: The node type ``set_features``' IDs are IDs within (graphs with
                 node types; required where the types have their own IDs).
+            add_node_type: The node type of ``add_nodes`` (required on a graph with node
+                types, which takes new nodes where its types have their own IDs): each ID
+                is new within the type, features the graph's width or the type's. Edges of
+                the same batch name them by their relation's types like any other node.
             timeout: Deadline in seconds; None uses the client's.
 
         Raises:
@@ -381,6 +390,7 @@ class AdminClient(AdminClientBase):
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
             edge_weights, edge_features, edge_relations, remove_relations, set_node_type,
+            add_node_type,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = self._admin_call("UpdateGraph", request, deadline, idempotency_key is not None)
@@ -522,12 +532,14 @@ class AsyncAdminClient(AdminClientBase):
         edge_relations: Sequence[str] | None = None,
         remove_relations: Sequence[str] | None = None,
         set_node_type: str | None = None,
+        add_node_type: str | None = None,
         timeout: float | None = None,
     ) -> GraphUpdateResult:
         """See :meth:`AdminClient.update_graph`."""
         request = self._update_request(
             model, add_nodes, add_edges, remove_edges, set_features, idempotency_key,
             edge_weights, edge_features, edge_relations, remove_relations, set_node_type,
+            add_node_type,
         )  # fmt: skip
         deadline = self._deadline(timeout)
         reply = await self._admin_call(

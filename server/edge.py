@@ -60,6 +60,7 @@ from hopserve.worker.graph.live import InvalidUpdateError, MutationBatch
 from hopserve.worker.graph.live.mutations import encode as encode_mutations
 from hopserve.worker.graph.live.mutations import resolve as resolve_mutations
 from hopserve.worker.graph.live.snapshot import apply_batch
+from hopserve.worker.graph.node_types import type_of
 from hopserve.worker.graph.planner import plan_frontiers
 
 __all__ = ["MAX_CHUNK_BYTES", "EmbeddingService"]
@@ -603,7 +604,7 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
     store_wide, found = model.topology.find_typed(ids, node_type)
     if not found.all():
         known = (
-            f"its {t.count} IDs are its own"
+            f"its {t.total} IDs are its own"
             if model.topology.type_node_ids is not None
             else f"its {t.count} IDs are 0..{t.count - 1}"
         )
@@ -622,11 +623,10 @@ def _check_output_types(model: ServedModel, ids: np.ndarray) -> None:
     types = list(model.topology.meta.node_types or ())
     if not types:
         return
-    starts = np.array([t.offset for t in types])
-    kind = np.searchsorted(starts, ids, side="right") - 1
-    ok = np.array([t.name in model.output_types for t in types])
     inside = (ids >= 0) & (ids < model.topology.num_nodes)
-    bad = inside & ~ok[np.clip(kind, 0, len(types) - 1)]
+    kind = type_of(types, np.where(inside, ids, 0))
+    ok = np.array([t.name in model.output_types for t in types])
+    bad = inside & ~ok[kind]
     if bad.any():
         raise InvalidRequestError(
             f"model {model.name!r} outputs embeddings of node types "

@@ -73,6 +73,19 @@ def decode_rows(rows: pb.NodeRows, dim: int, what: str) -> tuple[np.ndarray, np.
     return ids, np.array(features, dtype=np.float32)
 
 
+def _row_width(live: LiveGraph, rows: pb.NodeRows) -> int:
+    """The feature width ``rows`` may have: the graph's, or for new nodes of a narrower
+    type the type's own (padded by the update's checks)."""
+    dim = live.topology.feature_dim
+    if rows.node_type and rows.dim != dim:
+        try:
+            width = live.topology.node_type(rows.node_type).feature_dim
+        except KeyError:  # named by the update's own checks
+            return dim
+        return width if rows.dim == width else dim
+    return dim
+
+
 @dataclass(frozen=True)
 class DecodedEdges:
     """An ``EdgeList`` in numpy: endpoints (external IDs) and the edge data given."""
@@ -194,12 +207,9 @@ class GraphAdmin:
         """Apply one batch (see the module docstring)."""
         live = self._graph(request.model)
         dim = live.topology.feature_dim
-        add_ids, add_rows = decode_rows(request.add_nodes, dim, "add_nodes")
-        if request.add_nodes.node_type:
-            raise InvalidRequestError(
-                "add_nodes.node_type: new nodes are named by store-wide IDs (a graph with "
-                "node types takes no new nodes yet)"
-            )
+        add_ids, add_rows = decode_rows(
+            request.add_nodes, _row_width(live, request.add_nodes), "add_nodes"
+        )
         set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
         removed = decode_edges(request.remove_edges, "remove_edges", data=False)
         added = decode_edges(request.add_edges, "add_edges")
@@ -212,6 +222,7 @@ class GraphAdmin:
             set_node_ids=set_ids,
             set_features=set_rows,
             set_node_type=request.set_features.node_type,
+            add_node_type=request.add_nodes.node_type,
             idempotency_key=request.idempotency_key,
             **added.mutation_fields(),
         )

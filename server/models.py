@@ -215,7 +215,7 @@ class ServedModel:
             node_types=[
                 pb.NodeTypeInfo(
                     name=t.name,
-                    count=t.count,
+                    count=t.total,
                     offset=t.offset,
                     feature_dim=t.feature_dim,
                     own_ids=self.topology.type_node_ids is not None,

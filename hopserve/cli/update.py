@@ -24,7 +24,8 @@ extension (``.ndjson``/``.jsonl``, else CSV):
   edge data (removing ``src,dst`` removes it under every relation); on a graph with node
   types they may name their relation the same way, and each end is then an ID within the
   relation's node type (required where the types have their own IDs). ``--features-type``
-  says which node type ``--features`` IDs are IDs within.
+  says which node type ``--features`` IDs are IDs within, ``--nodes-type`` the type of the
+  nodes ``--nodes`` adds (a graph with node types; their IDs are new within it).
 
 Empty lines and lines starting with ``#`` are skipped. A bad line is refused before
 anything is sent, naming the file, line and value. Needs a token with scope ``admin``.
@@ -328,6 +329,13 @@ def update_cmd(
             help="The node type whose IDs --features names (a graph with node types).",
         ),
     ] = None,
+    nodes_type: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes-type",
+            help="The node type of the nodes --nodes adds (a graph with node types).",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Makes a retry of this batch safe."),
@@ -346,6 +354,8 @@ def update_cmd(
         fail("give at least one of --nodes, --edges, --remove-edges, --features")
     if features_type is not None and not features:
         fail("--features-type needs --features")
+    if nodes_type is not None and not nodes:
+        fail("--nodes-type needs --nodes")
     if edge_data not in ("weight", "features"):
         fail(f"--edge-data must be 'weight' or 'features', got {edge_data!r}")
     try:
@@ -353,6 +363,7 @@ def update_cmd(
             "add_nodes": read_node_rows(nodes) if nodes else None,
             "set_features": read_node_rows(features) if features else None,
             "set_node_type": features_type,
+            "add_node_type": nodes_type,
         }
         if remove_edges:
             removed = read_edges(remove_edges, relation_column=relation_column)

@@ -158,6 +158,22 @@ def test_update_sends_typed_removals_and_feature_rows(
     assert result.exit_code == 2 and "--features-type needs --features" in result.output
 
 
+def test_update_sends_the_type_of_added_nodes(cli, graphs, tmp_path) -> None:  # noqa: ANN001
+    """``--nodes-type``: the nodes ``--nodes`` adds are new IDs of that type."""
+    nodes = write(tmp_path, "users.csv", "5001,0.5,1\n")
+    edges = write(tmp_path, "clicks.csv", "5001,7,user__clicks__item\n")
+    result = cli(
+        "update", "--model", "rec", "--nodes", str(nodes), "--nodes-type", "user",
+        "--edges", str(edges), "--relation-column",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (request,) = graphs.requests
+    assert request.add_nodes.node_type == "user" and list(request.add_nodes.node_ids) == [5001]
+    assert list(request.add_edges.relations) == ["user__clicks__item"]
+    result = cli("update", "--model", "rec", "--edges", str(edges), "--nodes-type", "user")
+    assert result.exit_code == 2 and "--nodes-type needs --nodes" in result.output
+
+
 @pytest.mark.parametrize(
     ("name", "text", "mode", "weights", "features"),
     [

@@ -237,7 +237,8 @@ class LayerwiseEvaluator:
             return
         for t in self.graph.node_types:
             if t.name not in self.output_types:
-                out[t.offset : t.offset + t.count] = 0
+                for first, count in t.ranges:
+                    out[first : first + count] = 0
 
     def _empty_graph_output(self) -> Tensor:
         """All rows of a graph without nodes: the model's own forward on it (no layer has a

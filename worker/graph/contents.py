@@ -39,6 +39,7 @@ from hopserve.worker.graph.format import (
     INDPTR_FILE,
     LABELS_FILE,
     NODE_IDS_FILE,
+    NODES_ADDED_FORMAT_VERSION,
     TYPE_IDS_FORMAT_VERSION,
     TYPE_NODE_IDS_FILE,
     TYPED_FORMAT_VERSION,
@@ -198,6 +199,8 @@ class StoreContents:
         if self.type_node_ids is not None:  # absent otherwise: v3 stores hash as before
             fields["format_version"] = TYPE_IDS_FORMAT_VERSION
             fields["has_type_node_ids"] = True
+            if any(t.added for t in self.node_types or ()):  # nodes live updates added
+                fields["format_version"] = NODES_ADDED_FORMAT_VERSION
         return fields
 
     def feature_chunks(self, *, progress: bool = False) -> Iterator[tuple[int, np.ndarray]]:
@@ -324,12 +327,16 @@ def _kept_node_types(node_types: list[Any] | None, perm: np.ndarray | None) -> l
     if node_types is None or perm is None:
         return node_types
     for t in node_types:
-        moved = perm[t.offset : t.offset + t.count]
-        if moved.size and (moved.min() < t.offset or moved.max() >= t.offset + t.count):
-            raise ValueError(
-                f"the node order moves node type {t.name!r} out of its range (build the CSC "
-                "with node_groups)"
-            )
+        for first, count in t.ranges:
+            moved = perm[first : first + count]
+            if moved.size and (moved.min() < first or moved.max() >= first + count):
+                break
+        else:
+            continue
+        raise ValueError(
+            f"the node order moves node type {t.name!r} out of its ranges (build the CSC "
+            "with node_groups)"
+        )
     return node_types
 
 

@@ -27,7 +27,9 @@ holding edge columns is written as format version 2 (``has_edge_weight`` /
 serving the graph without its edge data; a store without them stays version 1, with the
 same meta and content hash as before. A typed store whose types have their own external ID
 spaces (``has_type_node_ids``) is format version 4, so a hopserve that predates them refuses
-it instead of reading its IDs as ``0..count-1``.
+it instead of reading its IDs as ``0..count-1``. A compacted typed store holding nodes that
+live updates added (a type with ``added`` runs) is format version 5, so a hopserve that
+predates them refuses it instead of typing those nodes as the last type.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ TYPE_NODE_IDS_FILE = "type_node_ids.npy"
 EDGE_FORMAT_VERSION = 2  # a store with edge columns; 1 without (unchanged)
 TYPED_FORMAT_VERSION = 3  # a store with node types (and its relations)
 TYPE_IDS_FORMAT_VERSION = 4  # a typed store whose types have their own ID spaces
+NODES_ADDED_FORMAT_VERSION = 5  # ... holding nodes that live updates added (type runs)
 
 Ordering = Literal["rcmk", "identity"]
 FeatureDtype = Literal["float32", "float16"]
@@ -109,7 +112,7 @@ class GraphMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    format_version: Literal[1, 2, 3, 4] = FORMAT_VERSION
+    format_version: Literal[1, 2, 3, 4, 5] = FORMAT_VERSION
     num_nodes: int = Field(ge=0)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=0)
@@ -158,17 +161,24 @@ class GraphMeta(BaseModel):
             )
 
             want = TYPE_IDS_FORMAT_VERSION if self.has_type_node_ids else TYPED_FORMAT_VERSION
-            if self.format_version != want:
+            if any(t.added for t in self.node_types):
+                want = NODES_ADDED_FORMAT_VERSION
+            if self.format_version != want or (want == 5 and not self.has_type_node_ids):
                 raise ValueError(
                     f"format_version {self.format_version} with node_types: version 3 "
                     "exactly when node types are present, 4 when they have their own IDs "
-                    f"(has_type_node_ids={self.has_type_node_ids})"
+                    f"(has_type_node_ids={self.has_type_node_ids}), 5 when they also hold "
+                    "added nodes"
                 )
             check_node_types(self.node_types, self.num_nodes, self.feature_dim)
             if self.relations is None:
                 raise ValueError("a store with node_types needs relations (typed edges)")
             check_typed_relations(self.relations, [t.name for t in self.node_types])
-        elif self.format_version in (TYPED_FORMAT_VERSION, TYPE_IDS_FORMAT_VERSION):
+        elif self.format_version in (
+            TYPED_FORMAT_VERSION,
+            TYPE_IDS_FORMAT_VERSION,
+            NODES_ADDED_FORMAT_VERSION,
+        ):
             raise ValueError(
                 f"format_version {self.format_version} is a store with node_types, which is missing"
             )

@@ -16,7 +16,11 @@ A typed store is the homogeneous store with types laid over it (``docs/heterogen
 - one feature table ``[N, F]``: type ``t``'s rows use their first ``feature_dim_t``
   columns, the rest are zero (a type narrower than the widest pays the padding);
 - every edge carries a relation ``"src__name__dst"`` (PyG's ``to_hetero`` naming) in the
-  ``edge_type`` column; its endpoints lie in the named types' ranges.
+  ``edge_type`` column; its endpoints lie in the named types' ranges;
+- nodes added by live updates (stores whose types have their own IDs) are appended after
+  every type: each batch adds a run of store-wide IDs ``N, N+1, …`` (storage ids equal to
+  them) to one type's :attr:`NodeTypeInfo.added`, so no earlier node's ID moves. A type's
+  positions go on past its base range: position ``count + j`` is its ``j``-th added node.
 
 A store without ``node_types`` is the one-type case.
 """
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 if TYPE_CHECKING:
     from hopserve.worker.graph.store import GraphStore
@@ -40,6 +44,7 @@ __all__ = [
     "check_typed_relations",
     "from_hetero",
     "relation_triple",
+    "type_of",
     "typed_store",
 ]
 
@@ -47,14 +52,63 @@ SEPARATOR = "__"
 
 
 class NodeTypeInfo(BaseModel):
-    """One node type of a typed store: storage ids ``[offset, offset + count)``."""
+    """One node type of a typed store: storage ids ``[offset, offset + count)``, then the
+    runs of nodes live updates added to it (:attr:`added`)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     name: str = Field(min_length=1)
     offset: int = Field(ge=0)
-    count: int = Field(ge=0)
+    count: int = Field(ge=0, description="nodes of the base range (the store as built)")
     feature_dim: int = Field(ge=0, description="columns of the feature table this type uses")
+    added: tuple[tuple[int, int], ...] = Field(
+        default=(),
+        description="runs (first store-wide ID, count) of nodes added by updates, in the "
+        "order added (format version 5); their storage ids equal their store-wide IDs",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_runs(self, handler: Any) -> dict[str, Any]:
+        """A type without added nodes writes the meta (and content hash) it always did."""
+        out = handler(self)
+        if not self.added:
+            out.pop("added", None)
+        return out
+
+    @property
+    def total(self) -> int:
+        """Nodes of the type: the base range and every added run."""
+        return self.count + sum(c for _, c in self.added)
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """``(first id, count)`` of the base range, then of each added run."""
+        return ((self.offset, self.count), *self.added)
+
+    def ids(self) -> np.ndarray:
+        """int64: every id of the type, the base range first, then the runs in order."""
+        parts = [np.arange(s, s + c, dtype=np.int64) for s, c in self.ranges]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def added_ids(self, j: np.ndarray) -> np.ndarray:
+        """int64: the id (store-wide = storage) of the type's ``j``-th added nodes
+        (``0 <= j < total - count``)."""
+        j = np.asarray(j, dtype=np.int64)
+        starts = np.array([s for s, _ in self.added], dtype=np.int64)
+        ends = np.cumsum([c for _, c in self.added], dtype=np.int64)  # j's past each run
+        run = np.searchsorted(ends, j, side="right")
+        before = np.concatenate([[0], ends])[run]
+        return starts[run] + (j - before)
+
+    def with_added(self, first: int, count: int) -> NodeTypeInfo:
+        """This type with nodes ``first .. first + count - 1`` appended (a run right after
+        the last one is merged into it)."""
+        runs = list(self.added)
+        if runs and runs[-1][0] + runs[-1][1] == first:
+            runs[-1] = (runs[-1][0], runs[-1][1] + count)
+        else:
+            runs.append((int(first), int(count)))
+        return self.model_copy(update={"added": tuple(runs)})
 
 
 def check_node_types(
@@ -82,9 +136,34 @@ def check_node_types(
                 f"node type {t.name!r} has {t.feature_dim} features, the table {feature_dim}"
             )
         at += t.count
+    runs = sorted((s, c, t.name) for t in types for s, c in t.added)
+    for first, count, name in runs:  # the added runs tile the ids after the base ranges
+        if first != at or count < 1:
+            raise ValueError(
+                f"node type {name!r}: added run ({first}, {count}) should start at {at} "
+                "and hold at least one node"
+            )
+        at += count
     if at != num_nodes:
         raise ValueError(f"node types cover {at} nodes, the graph has {num_nodes}")
     return types
+
+
+def type_bounds(types: Sequence[NodeTypeInfo]) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, kinds)``: the first id of every non-empty range (base ranges and added
+    runs), ascending, and the index of the type that owns it."""
+    pairs = sorted((s, k) for k, t in enumerate(types) for s, c in t.ranges if c) or [(0, 0)]
+    return (
+        np.array([s for s, _ in pairs], dtype=np.int64),
+        np.array([k for _, k in pairs], dtype=np.int64),
+    )
+
+
+def type_of(types: Sequence[NodeTypeInfo], ids: Any) -> np.ndarray:
+    """int64: the type index of each store-wide (or storage: the ranges are the same)
+    id ``0 <= id < N``."""
+    starts, kinds = type_bounds(types)
+    return kinds[np.maximum(np.searchsorted(starts, np.asarray(ids), side="right") - 1, 0)]
 
 
 def check_type_node_ids(ids: Any, types: Sequence[NodeTypeInfo]) -> np.ndarray:
@@ -97,7 +176,7 @@ def check_type_node_ids(ids: Any, types: Sequence[NodeTypeInfo]) -> np.ndarray:
     from hopserve.worker.graph.ids import first_duplicate
 
     arr = np.asarray(ids)
-    n = sum(int(t.count) for t in types)
+    n = sum(int(t.total) for t in types)
     if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
         raise ValueError(
             f"type_node_ids must be {n} integer IDs (one per node), got shape "
@@ -105,7 +184,7 @@ def check_type_node_ids(ids: Any, types: Sequence[NodeTypeInfo]) -> np.ndarray:
         )
     arr = arr.astype(np.int64, copy=False)
     for t in types:
-        own = arr[t.offset : t.offset + t.count]
+        own = arr[t.ids()] if t.added else arr[t.offset : t.offset + t.count]
         hit = first_duplicate(own)
         if hit is not None:
             row, first = hit

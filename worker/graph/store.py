@@ -553,11 +553,12 @@ class GraphStore:
     def node_type_ids(self) -> torch.Tensor | None:
         """int64 ``[N]``: each storage node's type (its index in :attr:`node_types`), or
         ``None`` for an untyped store; a model's ``node_type`` / ``ntype`` argument."""
+        from hopserve.worker.graph.node_types import type_of
+
         types = self.node_types
         if not types:
             return None
-        counts = torch.tensor([int(t.count) for t in types], dtype=torch.long)
-        return torch.repeat_interleave(torch.arange(len(types)), counts)
+        return torch.from_numpy(type_of(types, np.arange(self.num_nodes)))
 
     @classmethod
     def from_hetero(cls, x_dict: Any, edge_index_dict: Any, **kw: Any) -> GraphStore:

@@ -218,8 +218,8 @@ class GraphTopology:
         """
         t = self.node_type(node_type)
         arr = as_id_array(ids)
-        if self.type_node_ids is not None:  # positions in the type's storage range
-            return self._type_index(t.name).lookup(arr) + t.offset
+        if self.type_node_ids is not None:
+            return self._slot_storage(t, self._type_index(t.name).lookup(arr))
         bad = (arr < 0) | (arr >= t.count)
         if bad.any():
             raise UnknownNodeError(arr[bad], arr.size, int(bad.sum()))
@@ -239,10 +239,23 @@ class GraphTopology:
         if self.type_node_ids is None:
             found = (arr >= 0) & (arr < t.count)
             return np.where(found, arr + t.offset, -1), found
-        storage, found = self._type_index(t.name).find(arr)
+        slots, found = self._type_index(t.name).find(arr)
         out = np.full(arr.shape, -1, dtype=np.int64)
-        out[found] = self.to_external(storage[found] + t.offset)
+        out[found] = self.to_external(self._slot_storage(t, slots[found]))
         return out, found
+
+    @staticmethod
+    def _slot_storage(t: Any, slots: np.ndarray) -> np.ndarray:
+        """Storage ids of a type's slots (what :meth:`_type_index` maps its own IDs to):
+        slot ``s < count`` is storage id ``offset + s`` in the base range, slot
+        ``count + j`` the type's ``j``-th added node."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if not t.added:
+            return slots + t.offset
+        added = slots >= t.count
+        out = slots + t.offset
+        out[added] = t.added_ids(slots[added] - t.count)
+        return out
 
     def build_type_indexes(self) -> None:
         """Build every type's own-ID lookup now (a store with :attr:`type_node_ids`), so
@@ -253,13 +266,17 @@ class GraphTopology:
             self._type_index(t.name)
 
     def _type_index(self, name: str) -> IdIndex:
-        """The lookup of one type's own IDs -> positions in its storage range (built once)."""
+        """The lookup of one type's own IDs -> its slots (:meth:`_slot_storage`), built
+        once (a live snapshot carries it over, extended by the nodes a batch adds)."""
         cache = self.__dict__.setdefault("_type_indexes", {})
         if name not in cache:
             t = self.node_type(name)
-            own = self.type_node_ids[t.offset : t.offset + t.count]
+            if t.added:
+                own = np.asarray(self.type_node_ids)[t.ids()]
+            else:
+                own = self.type_node_ids[t.offset : t.offset + t.count]
             try:
-                cache[name] = IdIndex(np.asarray(own), t.count)
+                cache[name] = IdIndex(np.asarray(own), t.total)
             except ValueError as e:
                 where = self.path or "graph"
                 raise GraphFormatError(f"{where}: type_node_ids of {name!r}: {e}") from None

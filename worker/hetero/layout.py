@@ -1,8 +1,8 @@
 """The type layout a dict model is split against: node types as storage-id ranges.
 
 A typed store (:mod:`hopserve.worker.graph.node_types`) gives node type ``t`` the storage
-ids ``[offset_t, offset_t + count_t)`` and each relation ``src__name__dst`` an id in the
-``edge_type`` column. A :class:`TypeLayout` is that, read once from the graph, with the
+ids ``[offset_t, offset_t + count_t)``, then the runs live updates appended to it, and each
+relation ``src__name__dst`` an id in the ``edge_type`` column. A :class:`TypeLayout` is that, read once from the graph, with the
 lookup every typed module needs: the type of a row from its storage id.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hopserve.worker.graph.node_types import relation_triple
+from hopserve.worker.graph.node_types import relation_triple, type_bounds
 
 __all__ = ["TypeLayout"]
 
@@ -24,16 +24,17 @@ class TypeLayout:
     """Node types (id order) with their storage ranges and widths, and the relations.
 
     Attributes:
-        names: node type names, in storage-id order.
-        offsets: first storage id of each type.
-        counts: nodes of each type.
+        names: node type names, in storage-id order of their base ranges.
+        range_starts: first storage id of every non-empty range (base ranges and added
+            runs), ascending.
+        range_types: the type index of each of those ranges.
         feature_dims: feature columns each type uses (the table is zero-padded).
         relations: ``(src, name, dst)`` by relation id (the ``edge_type`` values).
     """
 
     names: tuple[str, ...]
-    offsets: tuple[int, ...]
-    counts: tuple[int, ...]
+    range_starts: tuple[int, ...]
+    range_types: tuple[int, ...]
     feature_dims: tuple[int, ...]
     relations: tuple[tuple[str, str, str], ...]
 
@@ -43,10 +44,11 @@ class TypeLayout:
         types = getattr(graph, "node_types", None)
         if not types:
             return None
+        starts, kinds = type_bounds(types)
         return cls(
             names=tuple(t.name for t in types),
-            offsets=tuple(int(t.offset) for t in types),
-            counts=tuple(int(t.count) for t in types),
+            range_starts=tuple(starts.tolist()),
+            range_types=tuple(kinds.tolist()),
             feature_dims=tuple(int(t.feature_dim) for t in types),
             relations=tuple(relation_triple(r) for r in graph.relations or ()),
         )
@@ -71,10 +73,11 @@ class TypeLayout:
 
     def types_of(self, node_ids: Tensor | None, num_rows: int, device: torch.device) -> Tensor:
         """Type index of each row: of storage ids ``node_ids``, or of rows ``0..num_rows-1``
-        (storage order) when ``None``. Ids past the last type count as the last type."""
+        (storage order) when ``None``. Ids past the last range count as its type."""
         ids = torch.arange(num_rows, device=device) if node_ids is None else node_ids.to(device)
-        bounds = torch.tensor(self.offsets[1:], dtype=ids.dtype, device=device)
-        return torch.searchsorted(bounds, ids, right=True)
+        bounds = torch.tensor(self.range_starts[1:], dtype=ids.dtype, device=device)
+        kinds = torch.tensor(self.range_types, dtype=torch.long, device=device)
+        return kinds[torch.searchsorted(bounds, ids, right=True)]
 
     def rows_of(
         self, node_ids: Tensor | None, num_rows: int, t: int, device: torch.device

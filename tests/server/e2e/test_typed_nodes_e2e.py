@@ -198,3 +198,32 @@ def test_requests_and_updates_name_nodes_by_their_types_own_ids(tmp_path, start_
         assert_exact(torch.from_numpy(got.copy()), want[[item7]], "item 7 updated")
         got = client.get_embeddings("rec", [7], node_type="user")
         assert_exact(torch.from_numpy(got.copy()), want[[user7]], "user 7 updated")
+    # New nodes join their type over UpdateGraph: named by new IDs of the type, joined to
+    # old and new nodes by edges of the same batch, served by those IDs.
+    n = updated.num_nodes
+    user_dim = next(t.feature_dim for t in updated.node_types if t.name == "user")
+    rows = np.random.default_rng(5).standard_normal((2, user_dim))
+    with AdminClient(server.target, timeout=30) as admin:
+        for kwargs, message in [
+            ({}, r"add_nodes.node_type: the graph's nodes are typed \(user, item, category\)"),
+            ({"add_node_type": "user", "add_nodes": ([17], rows[:1])},
+             r"add_nodes\[0\]: node ID 17 is already a 'user' node"),
+        ]:  # fmt: skip
+            with pytest.raises(InvalidArgumentError, match=message):
+                admin.update_graph("rec", **({"add_nodes": ([5001], rows[:1])} | kwargs))
+        result = admin.update_graph(
+            "rec",
+            add_nodes=([5001, 5002], rows), add_node_type="user",
+            add_edges=([5001, 5002, 7, 7], [7, 7, 5001, 5002]),
+            edge_relations=["user__clicks__item"] * 2 + ["item__clicked-by__user"] * 2,
+        )  # fmt: skip
+        assert result.nodes_added == 2 and result.num_nodes == n + 2
+    updated = LiveGraph(path, with_features=True).store()
+    want = _forward(updated)
+    with EmbeddingClient(server.target, timeout=30) as client:
+        (info,) = client.list_models()
+        assert {t.name: t.count for t in info.node_types}["user"] == 152
+        got = client.get_embeddings("rec", [5002, 5001], node_type="user")
+        assert_exact(torch.from_numpy(got.copy()), want[[n + 1, n]], "new users")
+        got = client.get_embeddings("rec", [7], node_type="item")  # cached before: dropped
+        assert_exact(torch.from_numpy(got.copy()), want[[item7]], "item 7 with new clicks")

@@ -16,11 +16,16 @@ added edge names its relation (:attr:`MutationBatch.add_edge_type`: names or ids
 unknown one is refused. Removed edges take their data with them and need none; removing
 ``src -> dst`` removes it under every relation.
 
+Typed nodes: on a store whose node types have their own IDs, new nodes name their type
+(:attr:`MutationBatch.add_node_type`) and are new IDs within it; they get the store-wide
+IDs ``N, N+1, …`` (an added run of the type, :mod:`~hopserve.worker.graph.node_types`),
+and edges of the same batch name them by their type and ID like every other node there.
+
 Log bytes (:func:`encode` / :func:`decode`): no pickle, only a fixed header per array
-(name, dtype code, length) and the raw little-endian values. A batch carrying edge data
-appends an *edge trailer* (``b"HSED"``, a flags byte, then the arrays it flags); a batch
-without any encodes exactly as before the trailer existed, and records written before it
-decode unchanged (no trailer: no edge data).
+(name, dtype code, length) and the raw little-endian values. A batch carrying edge data or
+typed nodes appends a *trailer* (``b"HSED"``, a flags byte, then the arrays it flags); a
+batch without any encodes exactly as before the trailer existed, and records written
+before it decode unchanged (no trailer: no edge data, no typed nodes).
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ class MutationBatch:
     set_node_type: str = ""
     """The node type ``set_node_ids`` are IDs within (graphs with node types; required where
     the types have their own IDs); empty: store-wide IDs."""
+    add_node_type: str = ""
+    """The node type of ``add_node_ids``, each a new ID within it (required on a graph with
+    node types, which takes new nodes where the types have their own IDs); their features
+    are the graph's width or the type's (padded with zeros)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -177,6 +186,10 @@ class ResolvedBatch:
     """float32 ``[len(add_src), d_e]`` when the graph holds edge features, else ``None``."""
     add_edge_type: np.ndarray | None = None
     """int16 ``[len(add_src)]`` relation ids when the graph has typed edges, else ``None``."""
+    new_node_type: np.ndarray | None = None
+    """int64 ``[1]``: the type index of the new nodes on a typed graph, else ``None``."""
+    new_type_node_ids: np.ndarray | None = None
+    """int64 ``[k]``: the new nodes' IDs within their type, on a typed graph, else ``None``."""
 
 
 def _rows(values: np.ndarray | None, n: int, dim: int, what: str) -> np.ndarray:
@@ -319,16 +332,80 @@ def _edge_type(values: object, graph, n: int, what: str = "add_edges") -> np.nda
     return ids
 
 
-def _check_typed_nodes(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a GraphMeta
-    """A graph with typed node sets takes no new nodes yet: a node appended after the last
-    type's range would belong to no type."""
-    if meta.node_types is not None and batch.add_node_ids.size:
-        names = ", ".join(t.name for t in meta.node_types)
+@dataclass(frozen=True)
+class _NewTyped:
+    """The typed nodes a batch adds: their type, own IDs and store-wide IDs."""
+
+    type_index: int
+    name: str
+    own_ids: np.ndarray
+    store_wide: np.ndarray
+
+
+def _new_typed_nodes(graph, batch: MutationBatch) -> _NewTyped | None:  # noqa: ANN001
+    """Check the batch's new nodes against the graph's node types: on a typed graph they
+    name their type and are new IDs within it (``None`` when the batch adds no typed
+    nodes); on an untyped one they name none."""
+    types = graph.meta.node_types
+    ids = batch.add_node_ids
+    if types is None:
+        if batch.add_node_type:
+            raise InvalidUpdateError(
+                f"add_nodes.node_type: {batch.add_node_type!r} given, but the graph's nodes "
+                "are untyped"
+            )
+        return None
+    if not ids.size:
+        return None
+    names = ", ".join(t.name for t in types)
+    if graph.type_node_ids is None:
         raise InvalidUpdateError(
-            f"add_nodes: the graph's nodes are typed ({names}); adding nodes to a typed graph "
-            "is not supported yet (rebuild the store with them, or send them as a "
-            "request-scoped delta)"
+            f"add_nodes: the graph's node types ({names}) are numbered by position "
+            "0..count-1, so an added node could be named by no ID of its type; a typed "
+            "graph takes new nodes where its types have their own IDs (build the store with "
+            "them: node_ids_dict, ingest's per-type ID files)"
         )
+    if not batch.add_node_type:
+        raise InvalidUpdateError(
+            f"add_nodes.node_type: the graph's nodes are typed ({names}); name the type of "
+            "the added nodes"
+        )
+    try:
+        t = graph.node_type(batch.add_node_type)
+    except KeyError as err:
+        raise InvalidUpdateError(f"add_nodes.node_type: {err.args[0]}") from None
+    _, found = graph.find_typed(ids, t.name)
+    if found.any():
+        i = int(np.flatnonzero(found)[0])
+        raise InvalidUpdateError(
+            f"add_nodes[{i}]: node ID {int(ids[i])} is already a {t.name!r} node"
+        )
+    n = graph.num_nodes
+    return _NewTyped(
+        type_index=[u.name for u in types].index(t.name),
+        name=t.name,
+        own_ids=ids,
+        store_wide=np.arange(n, n + ids.size, dtype=np.int64),
+    )
+
+
+def _typed_rows(values: object, graph, new: _NewTyped) -> np.ndarray:  # noqa: ANN001
+    """The new typed nodes' feature rows at the graph's width: given at that width (the
+    columns past the type's own zero) or at the type's (padded with zeros)."""
+    dim = graph.feature_dim
+    width = graph.node_type(new.name).feature_dim
+    arr = np.asarray(values) if values is not None else None
+    if arr is not None and arr.ndim == 2 and arr.shape[1] == width != dim:
+        rows = _rows(arr, new.own_ids.size, width, "add_nodes")
+        return np.pad(rows, ((0, 0), (0, dim - width)))
+    rows = _rows(values, new.own_ids.size, dim, "add_nodes")
+    beyond = np.flatnonzero((rows[:, width:] != 0).any(axis=1))
+    if beyond.size:
+        raise InvalidUpdateError(
+            f"add_nodes[{int(beyond[0])}]: a {new.name!r} node has {width} feature columns, "
+            f"but the row holds non-zero values past them (of the graph's {dim})"
+        )
+    return rows
 
 
 def _check_typed_id_mutations(meta, batch: MutationBatch) -> None:  # noqa: ANN001 - a GraphMeta
@@ -348,9 +425,10 @@ def _check_typed_id_mutations(meta, batch: MutationBatch) -> None:  # noqa: ANN0
         )
 
 
-def _typed_ends(graph, src, dst, relation: np.ndarray, what: str):  # noqa: ANN001, ANN202
+def _typed_ends(graph, src, dst, relation: np.ndarray, what: str, new: _NewTyped | None = None):  # noqa: ANN001, ANN202
     """Storage ids of edges' ends, each read as an ID within its relation's source and
-    destination type (naming the first edge whose end its type lacks)."""
+    destination type (naming the first edge whose end its type lacks); ``new``: nodes
+    the batch adds, found by their type and ID too."""
     from hopserve.worker.graph.node_types import relation_triple
 
     ends = []
@@ -361,6 +439,11 @@ def _typed_ends(graph, src, dst, relation: np.ndarray, what: str):  # noqa: ANN0
             on = np.flatnonzero(relation == r)
             node_type = relation_triple(graph.meta.relations[r])[part]
             store_wide[on], found = graph.find_typed(ids[on], node_type)
+            if new is not None and node_type == new.name and not found.all():
+                miss = on[~found]
+                hit = _positions_in(new.own_ids, ids[miss])
+                store_wide[miss[hit >= 0]] = new.store_wide[hit[hit >= 0]]
+                found[~found] = hit >= 0
             bad[on] = ~found
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -369,8 +452,27 @@ def _typed_ends(graph, src, dst, relation: np.ndarray, what: str):  # noqa: ANN0
                 f"{what}[{i}]: the {end} {int(ids[i])} of a {name!r} edge is not a "
                 f"{relation_triple(name)[part]!r} node ID"
             )
-        ends.append(graph.to_storage(store_wide))
+        ends.append(_storage_of(graph, store_wide, new))
     return ends[0], ends[1]
+
+
+def _positions_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Index of each of ``ids`` in ``values`` (distinct), ``-1`` where absent."""
+    order = np.argsort(values, kind="stable")
+    pos = np.minimum(np.searchsorted(values[order], ids), max(values.size - 1, 0))
+    hit = values.size > 0
+    found = (values[order][pos] == ids) if hit else np.zeros(ids.size, dtype=bool)
+    return np.where(found, order[pos] if hit else -1, -1)
+
+
+def _storage_of(graph, store_wide: np.ndarray, new: _NewTyped | None) -> np.ndarray:  # noqa: ANN001
+    """Storage ids of store-wide IDs, the batch's new nodes (``N, N+1, …``) included."""
+    if new is None:
+        return graph.to_storage(store_wide)
+    out = store_wide.copy()  # a new node's storage id is its store-wide ID
+    old = store_wide < graph.num_nodes
+    out[old] = graph.to_storage(store_wide[old])
+    return out
 
 
 def _check_removed_relations(graph, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
@@ -403,22 +505,32 @@ def _typed_nodes(graph, ids: np.ndarray, node_type: str, what: str) -> np.ndarra
     return graph.to_storage(store_wide)
 
 
-def _check_typed_ends(meta, src, dst, relation, batch: MutationBatch) -> None:  # noqa: ANN001
+def _check_typed_ends(
+    graph, src, dst, relation, batch: MutationBatch, new: _NewTyped | None
+) -> None:  # noqa: ANN001
     """Each added edge joins nodes of its relation's types (named at the first that does
-    not)."""
-    from hopserve.worker.graph.node_types import relation_triple
+    not); ``src``/``dst`` are storage ids, the batch's new nodes ``N, N+1, …`` included."""
+    from hopserve.worker.graph.node_types import relation_triple, type_of
 
-    types = {t.name: t for t in meta.node_types}
-    for i, (s, d, r) in enumerate(zip(src.tolist(), dst.tolist(), relation.tolist(), strict=True)):
-        name = meta.relations[r]
-        s_type, _, d_type = relation_triple(name)
-        for end, node, t in (("source", s, types[s_type]), ("destination", d, types[d_type])):
-            if not t.offset <= node < t.offset + t.count:
-                value = int((batch.add_src if end == "source" else batch.add_dst)[i])
-                raise InvalidUpdateError(
-                    f"add_edges[{i}]: the {end} {value} of a {name!r} edge is not a "
-                    f"{t.name!r} node (store-wide IDs {t.offset}..{t.offset + t.count - 1})"
-                )
+    meta = graph.meta
+    names = [t.name for t in meta.node_types]
+    n = graph.num_nodes
+    for end, ids, part in (("source", src, 0), ("destination", dst, 2)):
+        kinds = type_of(meta.node_types, np.minimum(ids, max(n - 1, 0)))
+        if new is not None:
+            kinds[ids >= n] = new.type_index
+        want = np.array(
+            [names.index(relation_triple(r)[part]) for r in meta.relations], dtype=np.int64
+        )[relation]
+        bad = np.flatnonzero(kinds != want)
+        if bad.size:
+            i = int(bad[0])
+            t = meta.node_types[want[i]]
+            value = int((batch.add_src if end == "source" else batch.add_dst)[i])
+            raise InvalidUpdateError(
+                f"add_edges[{i}]: the {end} {value} of a {meta.relations[relation[i]]!r} edge "
+                f"is not a {t.name!r} node (store-wide IDs {t.offset}..{t.offset + t.count - 1})"
+            )
 
 
 def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: GraphSnapshot
@@ -439,7 +551,6 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             f"idempotency_key must be at most {MAX_KEY_CHARS} printable characters"
         )
     n, dim = graph.num_nodes, graph.feature_dim
-    _check_typed_nodes(graph.meta, batch)
     if graph.type_node_ids is not None:
         _check_typed_id_mutations(graph.meta, batch)
     new_ids = batch.add_node_ids
@@ -449,14 +560,19 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             f"add_nodes[{dup[0]}]: node ID {int(new_ids[dup[0]])} is given twice "
             f"(also add_nodes[{dup[1]}])"
         )
-    if new_ids.size:
+    typed = _new_typed_nodes(graph, batch)
+    if typed is not None:  # new IDs within their type; store-wide N, N+1, ...
+        new_rows = _typed_rows(batch.add_node_features, graph, typed)
+        new_ids = typed.store_wide
+    elif new_ids.size:
         _, found = graph.find(new_ids)
         if found.any():
             i = int(np.flatnonzero(found)[0])
             raise InvalidUpdateError(
                 f"add_nodes[{i}]: node ID {int(new_ids[i])} is already in the graph"
             )
-    new_rows = _rows(batch.add_node_features, new_ids.size, dim, "add_nodes")
+    if typed is None:
+        new_rows = _rows(batch.add_node_features, new_ids.size, dim, "add_nodes")
     order = np.argsort(new_ids, kind="stable")
     sorted_new = new_ids[order]
 
@@ -506,12 +622,14 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
                 "is not an edge of the graph"
             )
     if graph.type_node_ids is not None:  # ends named in their relation's types' own IDs
-        a_src, a_dst = _typed_ends(graph, batch.add_src, batch.add_dst, add_edge_type, "add_edges")
+        a_src, a_dst = _typed_ends(
+            graph, batch.add_src, batch.add_dst, add_edge_type, "add_edges", typed
+        )
     else:
         a_src = storage(batch.add_src, "add_edges.src", True)
         a_dst = storage(batch.add_dst, "add_edges.dst", True)
     if graph.meta.node_types is not None:
-        _check_typed_ends(graph.meta, a_src, a_dst, add_edge_type, batch)
+        _check_typed_ends(graph, a_src, a_dst, add_edge_type, batch, typed)
     if batch.set_node_type:
         set_nodes = _typed_nodes(graph, batch.set_node_ids, batch.set_node_type, "set_features")
     else:
@@ -535,6 +653,8 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
         add_edge_weight=add_weight,
         add_edge_features=add_edge_features,
         add_edge_type=add_edge_type,
+        new_node_type=None if typed is None else np.array([typed.type_index], np.int64),
+        new_type_node_ids=None if typed is None else typed.own_ids,
     )
 
 
@@ -549,12 +669,14 @@ _DTYPES = {1: np.dtype("<i8"), 2: np.dtype("<f4")}
 _CODES = {v: k for k, v in _DTYPES.items()}
 
 
-_EDGE_MAGIC = b"HSED"  # the edge trailer: magic, flags, then the flagged arrays
+_EDGE_MAGIC = b"HSED"  # the trailer: magic, flags, then the flagged arrays
 _EDGE_FLAGS = struct.Struct("<B")
 _EDGE_ARRAYS = (
     (1, "add_edge_weight"),
     (2, "add_edge_features"),
     (4, "add_edge_type"),
+    (8, "new_node_type"),
+    (16, "new_type_node_ids"),
 )  # (flag bit, field); int arrays are stored as int64 and typed by the snapshot
 
 

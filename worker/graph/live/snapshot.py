@@ -24,6 +24,7 @@ from hopserve.worker.graph.format import (
     EDGE_FEATURES_FILE,
     EDGE_TYPE_FILE,
     EDGE_WEIGHT_FILE,
+    NODES_ADDED_FORMAT_VERSION,
     TYPE_NODE_IDS_FILE,
     GraphMeta,
     indices_dtype_for,
@@ -365,6 +366,8 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         )
         base_ids = np.arange(n_before, dtype=np.int64) if node_ids is None else node_ids
         node_ids = np.concatenate([base_ids, batch.new_node_ids])
+    typed = _typed_nodes(snap, batch) if k else {}
+    type_node_ids = typed.pop("type_node_ids", snap.type_node_ids)
     meta = snap.meta.model_copy(
         update={
             "num_nodes": n,
@@ -374,6 +377,7 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
             "has_node_ids": node_ids is not None,
             "has_labels": False,
             "num_classes": None,
+            **typed,
         }
     )
     out = GraphSnapshot(
@@ -382,11 +386,54 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         in_degrees=in_deg, out_degrees=out_deg, out_csr=out_csr, self_loops=self_loops,
         edge_weight=edge_cols["edge_weight"], edge_features=edge_cols["edge_features"],
         edge_type=edge_cols["edge_type"],
-        type_node_ids=snap.type_node_ids,  # typed graphs take no new nodes
+        type_node_ids=type_node_ids,
     )  # fmt: skip
-    if "_type_indexes" in snap.__dict__:  # the same IDs: their lookups carry over
-        out.__dict__["_type_indexes"] = snap.__dict__["_type_indexes"]
+    if "_type_indexes" in snap.__dict__:  # the same IDs, and a batch's own: carried over
+        indexes = dict(snap.__dict__["_type_indexes"])
+        if typed:
+            t = snap.meta.node_types[int(batch.new_node_type[0])]
+            if t.name in indexes:
+                old = indexes[t.name]
+                indexes[t.name] = (
+                    old.extended(batch.new_type_node_ids)
+                    if isinstance(old, LiveIdIndex)
+                    else LiveIdIndex(old, batch.new_type_node_ids, t.total)
+                )
+        out.__dict__["_type_indexes"] = indexes
     return out
+
+
+def _typed_nodes(snap: GraphSnapshot, batch: ResolvedBatch) -> dict:
+    """The meta fields (and ``type_node_ids``) of a typed graph after ``batch`` appends its
+    new nodes as a run of their type; ``{}`` on an untyped graph.
+
+    Raises:
+        InvalidUpdateError: the batch's new nodes lack their type on a typed graph, or
+            carry one on an untyped graph (a record resolved against another graph).
+    """
+    types = snap.meta.node_types
+    k = batch.new_node_ids.size
+    has_type = batch.new_node_type is not None and batch.new_type_node_ids is not None
+    if types is None and not has_type:
+        return {}
+    if types is None or not has_type or snap.type_node_ids is None:
+        raise InvalidUpdateError(
+            f"batch {batch.seq} adds {k} node(s) "
+            + ("with a node type to an untyped graph" if types is None else "without own IDs")
+        )
+    index = int(batch.new_node_type[0])
+    if not 0 <= index < len(types) or batch.new_type_node_ids.size != k:
+        raise InvalidUpdateError(
+            f"batch {batch.seq}: node type {index} with {batch.new_type_node_ids.size} IDs "
+            f"for {k} new node(s) (the graph has {len(types)} types)"
+        )
+    types = list(types)
+    types[index] = types[index].with_added(snap.num_nodes, k)
+    return {
+        "node_types": types,
+        "format_version": NODES_ADDED_FORMAT_VERSION,
+        "type_node_ids": np.concatenate([np.asarray(snap.type_node_ids), batch.new_type_node_ids]),
+    }
 
 
 def _edge_data(

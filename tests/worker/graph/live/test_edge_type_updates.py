@@ -187,7 +187,9 @@ def test_relation_ids_round_trip_through_the_log_bytes(tmp_path):
     assert back.add_edge_type.tolist() == [2, 0, 1]
 
 
-def test_a_node_typed_graph_takes_typed_edges_keeps_its_types_and_refuses_new_nodes(tmp_path):
+def test_a_positional_typed_graph_takes_typed_edges_keeps_its_types_and_refuses_new_nodes(
+    tmp_path,
+):
     from hopserve.worker.graph.synth_hetero import synth_recommender
 
     path = tmp_path / "rec"
@@ -203,7 +205,8 @@ def test_a_node_typed_graph_takes_typed_edges_keeps_its_types_and_refuses_new_no
         (MutationBatch(add_src=[item], add_dst=[user], add_edge_type=["user__clicks__item"]),
          r"add_edges\[0\]: the source \d+ of a 'user__clicks__item' edge is not a 'user' node"),
         (MutationBatch(add_node_ids=[9_999], add_node_features=np.ones((1, DIM), np.float32)),
-         r"add_nodes: the graph's nodes are typed \(user, item, category\)"),
+         r"add_nodes: the graph's node types \(user, item, category\) are numbered by "
+         r"position 0..count-1"),
     ]  # fmt: skip
     for batch, message in refused:
         with pytest.raises(InvalidUpdateError, match=message):
