@@ -367,6 +367,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", default="2,3")
     p.add_argument("--fractions", default="0.001,0.01")
     harness.add_engine_args(p)
+    p.set_defaults(budget_mb=32)  # bench/dgl_compare.py's: a batch's workspace within the goal
     harness.add_allocator_arg(p)
     p.add_argument("--batch-grid", default="4096,16384,65536", help="DGL-manual batch sizes")
     p.add_argument("--nodewise-batch", type=int, default=1024)
@@ -501,7 +502,8 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
         f"RGCN and HGT on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
-        f"{args.threads} threads ({setup['machine']}); {versions}. Every run of a row "
+        f"{args.threads} threads ({setup['machine']}); {versions}; hopserve's batch budget "
+        f"{args.budget_mb} MiB. Every run of a row "
         "(hopserve and the baselines) used the allocator in the row's name (tcmalloc: "
         "preloaded, as in the worker images).",
         "",

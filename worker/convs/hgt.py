@@ -18,7 +18,10 @@ linear, so they move to the destinations:
 function, summed in another order.
 
 So a batch projects each of its (gathered) source rows once (:math:`k_j, v_j`), never
-per relation or per edge; the generic path (:class:`~.hetero.DictConvAdapter`, the conv on
+per relation; a batch whose ``[k | v]`` rows would outgrow :data:`KV_TABLE_BYTES` (a hub
+batched alone: one row cannot be split, and its sources can be a tenth of the graph)
+projects each chunk of edges' sources as it reads them instead, so its workspace stays a
+chunk's whatever the hub's degree. The generic path (:class:`~.hetero.DictConvAdapter`, the conv on
 the batch's typed subgraph) projects every source through every relation map. No
 whole-layer ``[k | v]`` table is kept: at ``2F`` values a row it would outweigh the layer's
 input and output together. The wide per-edge rows are made one chunk of edges at a time
@@ -31,6 +34,7 @@ by the type's learned skip gate when the widths agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -40,7 +44,11 @@ from hopserve.worker.convs.edge_chunks import edge_chunks
 from hopserve.worker.convs.hetero import DictConvAdapter
 from hopserve.worker.hetero.modules import DictConvLayer
 
-__all__ = ["HGTAdapter", "is_plain_hgt"]
+__all__ = ["KV_TABLE_BYTES", "HGTAdapter", "is_plain_hgt"]
+
+KV_TABLE_BYTES = 16 << 20
+"""Largest ``[k | v]`` table of a batch's gathered sources; past it (a hub's batch) keys and
+values are projected per chunk of edges (a few more multiply-adds, no table)."""
 
 
 def is_plain_hgt(layer: DictConvLayer) -> bool:
@@ -58,6 +66,9 @@ def is_plain_hgt(layer: DictConvLayer) -> bool:
         and conv.forward is HGTConv.forward
         and conv.message is HGTConv.message
     )
+
+
+_RowMap = Callable[[Tensor], Tensor]
 
 
 class HGTAdapter(DictConvAdapter):
@@ -80,7 +91,7 @@ class HGTAdapter(DictConvAdapter):
         device = x.device
         num_dst = batch.num_dst
         src, dst = batch.src_index, batch.dst_index
-        kv = self._keys_values(x, batch.src_nodes)
+        keys, values = self._source_maps(x, batch.src_nodes)
         x_dst = batch.dst_rows(x)
         dst_types = layout.types_of(batch.dst_nodes, num_dst, device)
         outputs = sorted({index(k[2]) for k in conv.edge_types} & set(layer.in_widths))
@@ -103,7 +114,9 @@ class HGTAdapter(DictConvAdapter):
             on = on.nonzero().squeeze(1)
             relations.append((key, src.index_select(0, on), dst.index_select(0, on)))
         del edge_type, src_types, edge_dst_types
-        m = self._messages(conv, kv, q, relations, {names[t]: sel for t, sel in rows.items()})
+        m = self._messages(
+            conv, keys, values, q, relations, {names[t]: sel for t, sel in rows.items()}
+        )
         out = x.new_zeros((num_dst, *layer.out_shape))
         for t, sel in rows.items():
             if sel.numel() == 0:
@@ -121,13 +134,31 @@ class HGTAdapter(DictConvAdapter):
         f = self.conv.conv.out_channels
         return self._projected(x_dst, rows, (slice(f, 2 * f),))
 
-    def _keys_values(self, x: Tensor, node_ids: Tensor) -> Tensor:
-        """``[k | v]`` (``[rows, 2F]``) of rows ``x`` (storage ids ``node_ids``)."""
+    def _source_maps(self, x: Tensor, node_ids: Tensor) -> tuple[_RowMap, _RowMap]:
+        """``(keys, values)``: each maps source rows ``idx`` of ``x`` (storage ids
+        ``node_ids``) to their ``k`` / ``v`` (``[len(idx), F]``), read from a ``[k | v]``
+        table of every row, or projected per call when that table would outgrow
+        :data:`KV_TABLE_BYTES`."""
         layer: DictConvLayer = self.conv
         f = layer.conv.out_channels
         types = layer.layout.types_of(node_ids, x.shape[0], x.device)
+        k_part, v_part = slice(0, f), slice(2 * f, 3 * f)
+        if x.shape[0] * 2 * f * x.element_size() > KV_TABLE_BYTES:
+
+            def project(part: slice) -> _RowMap:
+                def rows_of(idx: Tensor) -> Tensor:
+                    kinds = types.index_select(0, idx)
+                    sel = {t: (kinds == t).nonzero().squeeze(1) for t in layer.in_widths}
+                    return self._projected(x.index_select(0, idx), sel, (part,))
+
+                return rows_of
+
+            return project(k_part), project(v_part)
         rows = {t: (types == t).nonzero().squeeze(1) for t in layer.in_widths}
-        return self._projected(x, rows, (slice(0, f), slice(2 * f, 3 * f)))
+        kv = self._projected(x, rows, (k_part, v_part))
+        return (lambda idx: kv[:, :f].index_select(0, idx)), (
+            lambda idx: kv[:, f:].index_select(0, idx)
+        )
 
     def _projected(self, x: Tensor, rows: dict[int, Tensor], parts: tuple[slice, ...]) -> Tensor:
         """Rows ``rows[t]`` of ``x`` through type ``t``'s ``kqv_lin``, keeping the output
@@ -150,15 +181,16 @@ class HGTAdapter(DictConvAdapter):
     @staticmethod
     def _messages(
         conv: nn.Module,
-        kv: Tensor,
+        keys: _RowMap,
+        values: _RowMap,
         q: Tensor,
         relations: list[tuple[tuple[str, str, str], Tensor, Tensor]],
         rows: dict[str, Tensor],
     ) -> Tensor:
         r""":math:`m_i` (``[B, F]``) of the batch's destinations (queries ``q``), from each
-        relation's ``(key, source rows of kv, destination rows)``, ``rows`` the batch rows
-        of each destination type; a destination without in-edges gets 0 (``HGTConv``'s
-        aggregation)."""
+        relation's ``(key, source rows, destination rows)`` (the sources' ``k`` and ``v``
+        read through ``keys`` / ``values``), ``rows`` the batch rows of each destination
+        type; a destination without in-edges gets 0 (``HGTConv``'s aggregation)."""
         from torch_geometric.utils import softmax
 
         heads, f = conv.heads, conv.out_channels
@@ -171,13 +203,13 @@ class HGTAdapter(DictConvAdapter):
         k_rel = conv.k_rel.weight.view(heads, num_rel, dim, dim)  # HeteroLinear type h*R + e
         v_rel = conv.v_rel.weight.view(heads, num_rel, dim, dim)
         scale = math.sqrt(dim)
-        row_bytes = 3 * kv.element_size() * f  # a chunk's gathered rows and their product
+        row_bytes = 3 * q.element_size() * f  # a chunk's gathered rows and their product
         scores = []
         for key, src, dst in relations:
             q_rel = torch.einsum("nhd,hcd->nhc", q, k_rel[:, conv.edge_types_map[key]])
             score = q.new_empty(src.numel(), heads)
             for c in edge_chunks(src.numel(), row_bytes):
-                k_j = kv[:, :f].index_select(0, src[c]).view(-1, heads, dim)
+                k_j = keys(src[c]).view(-1, heads, dim)
                 score[c] = (q_rel.index_select(0, dst[c]) * k_j).sum(-1)
             scores.append(score.mul_(conv.p_rel["__".join(key)] / scale))
         alpha = softmax(torch.cat(scores), torch.cat([r[2] for r in relations]), num_nodes=num_dst)
@@ -189,7 +221,7 @@ class HGTAdapter(DictConvAdapter):
             start += src.numel()
             agg = q.new_zeros(num_dst, heads, dim)
             for c in edge_chunks(src.numel(), row_bytes):
-                v_j = kv[:, f:].index_select(0, src[c]).view(-1, heads, dim)
+                v_j = values(src[c]).view(-1, heads, dim)
                 agg.index_add_(0, dst[c], v_j * a[c].unsqueeze(-1))
             sel = rows[key[2]]  # only the relation's destination type has rows to map
             mapped = torch.einsum(

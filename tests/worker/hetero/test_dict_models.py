@@ -268,6 +268,35 @@ def test_hgt_runs_on_the_destination_side_adapter(monkeypatch):
     check_dict_model(model, data, "HGT, one edge per chunk")
 
 
+def test_hgt_projects_a_hubs_keys_and_values_per_chunk_of_edges(monkeypatch):
+    """A batch whose ``[k | v]`` table would outgrow ``KV_TABLE_BYTES`` (a hub's sources)
+    projects each chunk of edges' sources instead: no table, the same rows, with chunks of
+    many edges (rows of several types in one chunk) or of one."""
+    import hopserve.worker.convs.hgt as hgt
+
+    data = _fake(1)
+    model = HGT(data.metadata(), 2 * H)
+    calls = []  # (rows, parts): [k | v] tables take two parts, per-chunk maps one
+    projected = hgt.HGTAdapter._projected
+
+    def spy(self, x, rows, parts):
+        calls.append((x.shape[0], len(parts)))
+        return projected(self, x, rows, parts)
+
+    monkeypatch.setattr(hgt.HGTAdapter, "_projected", spy)
+    check_dict_model(model, data, "HGT, [k | v] tables")
+    assert any(parts == 2 for _, parts in calls)
+    monkeypatch.setattr(hgt, "KV_TABLE_BYTES", 0)
+    calls.clear()
+    check_dict_model(model, data, "HGT, keys and values per chunk")
+    assert all(parts == 1 for _, parts in calls) and max(rows for rows, _ in calls) > 1
+    monkeypatch.setattr(edge_chunks, "EDGE_CHUNK_BYTES", 1)
+    calls.clear()
+    check_dict_model(model, data, "HGT, keys and values per edge")
+    per_edge = [rows for rows, _ in calls]
+    assert per_edge.count(1) > len(per_edge) // 2  # queries aside, one source row a call
+
+
 def test_an_hgtconv_subclass_with_its_own_forward_is_refused_naming_it():
     data = _fake(0)
     assert_refused(HGT(data.metadata(), H, OwnHGTConv), data, "OwnHGTConv.*takes per-type dicts")
