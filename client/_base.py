@@ -211,6 +211,7 @@ class EmbeddingClientBase:
         edge_features: Any = None,
         edge_relations: Any = None,
         node_type: str | None = None,
+        add_node_type: str | None = None,
     ) -> Query:
         options = pb.QueryOptions(
             fanouts=check_fanouts(fanouts), cache_policy=check_cache_policy(cache_policy)
@@ -238,6 +239,14 @@ class EmbeddingClientBase:
                 template.delta.add_nodes.CopyFrom(node_rows("add_nodes", add_nodes))
             if add_edges is not None:
                 template.delta.add_edges.CopyFrom(edge_list("add_edges", add_edges, *edge_data))
+        if add_node_type is not None:
+            if add_nodes is None:
+                raise InvalidArgumentError("add_node_type needs add_nodes")
+            if not isinstance(add_node_type, str) or not add_node_type:
+                raise InvalidArgumentError(
+                    f"add_node_type must be a non-empty string, got {add_node_type!r}"
+                )
+            template.delta.add_nodes.node_type = add_node_type
         if not isinstance(footprint, bool):
             raise InvalidArgumentError(f"footprint must be a bool, got {footprint!r}")
         template.footprint = footprint

@@ -99,12 +99,13 @@ class AsyncEmbeddingClient(EmbeddingClientBase):
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
         node_type: str | None = None,
+        add_node_type: str | None = None,
     ) -> EmbeddingResult:
         """See :meth:`EmbeddingClient.get_embeddings_with_info`."""
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
             add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
-            node_type,
+            node_type, add_node_type,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

@@ -104,6 +104,7 @@ class EmbeddingClient(EmbeddingClientBase):
         edge_features: npt.ArrayLike | None = None,
         edge_relations: Sequence[str] | None = None,
         node_type: str | None = None,
+        add_node_type: str | None = None,
     ) -> EmbeddingResult:
         """Like :meth:`get_embeddings`, plus versions, server timing and cache hits.
 
@@ -112,8 +113,10 @@ class EmbeddingClient(EmbeddingClientBase):
         cached, and the new IDs may be asked for. On a graph with edge columns the added
         edges carry ``edge_weights`` ``[len(src)]`` / ``edge_features`` ``[len(src), d_e]``
         and, on a graph with typed edges, ``edge_relations`` (a relation name per edge; as
-        :meth:`AdminClient.update_graph`). ``footprint=True`` answers, per row, what
-        computing it touched (:class:`Footprint`).
+        :meth:`AdminClient.update_graph`). On a graph whose node types have their own IDs,
+        ``add_node_type`` is the type of ``add_nodes`` (new IDs of it), and ``node_type``
+        lets ``node_ids`` name nodes of a type, the delta's new ones included.
+        ``footprint=True`` answers, per row, what computing it touched (:class:`Footprint`).
 
         Calls over ``max_nodes_per_request`` IDs run as consecutive GetEmbeddings RPCs
         pinned to the first answer's model version; their stats are summed.
@@ -121,7 +124,7 @@ class EmbeddingClient(EmbeddingClientBase):
         query = self._query(
             model, node_ids, fanouts, cache_policy, model_version, seed, timeout,
             add_nodes, add_edges, footprint, edge_weights, edge_features, edge_relations,
-            node_type,
+            node_type, add_node_type,
         )  # fmt: skip
         while not query.finished:
             request = query.next_request()

@@ -49,7 +49,7 @@ from hopserve.server.errors import (
     quote,
     to_status,
 )
-from hopserve.server.graphs import decode_edges, model_kind
+from hopserve.server.graphs import decode_edges, model_kind, row_width
 from hopserve.server.graphs import decode_rows as decode_node_rows
 from hopserve.server.metrics import Metrics
 from hopserve.server.models import ModelRegistry, ServedModel
@@ -309,11 +309,7 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         ids = np.asarray(request.node_ids, dtype=np.int64)
         delta = _delta_of(model, request, key)
         node_type = request.node_type
-        if delta is not None and node_type:
-            raise InvalidRequestError(
-                "a request with a delta names store-wide node IDs: leave node_type empty"
-            )
-        if node_type:  # from here on store-wide IDs: the cache and invalidation key
+        if node_type and delta is None:  # from here on store-wide IDs: the cache key
             ids = _store_wide_ids(model, ids, node_type)
         elif model.output_types and delta is None:
             _check_output_types(model, ids)
@@ -585,11 +581,18 @@ def _batch_key(model: ServedModel, options: pb.QueryOptions) -> BatchKey:
     return BatchKey(fanouts, int(options.seed) if options.HasField("seed") else 0)
 
 
-def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.ndarray:
+def _store_wide_ids(
+    model: ServedModel,
+    ids: np.ndarray,
+    node_type: str,
+    topology=None,  # noqa: ANN001
+) -> np.ndarray:
     """``node_type``'s IDs (its own, or ``0..count-1``) -> store-wide IDs, which key the
-    cache and the invalidation; a type the graph lacks or IDs the type does not have are
-    INVALID_ARGUMENT naming them."""
-    types = {t.name: t for t in model.topology.meta.node_types or ()}
+    cache and the invalidation (on ``topology``: the model's graph, or graph + a request's
+    delta); a type the graph lacks or IDs the type does not have are INVALID_ARGUMENT
+    naming them."""
+    topology = model.topology if topology is None else topology
+    types = {t.name: t for t in topology.meta.node_types or ()}
     t = types.get(node_type)
     if t is None:
         have = f"its node types: {', '.join(types)}" if types else "its nodes are untyped"
@@ -601,11 +604,11 @@ def _store_wide_ids(model: ServedModel, ids: np.ndarray, node_type: str) -> np.n
             f"model {model.name!r} outputs embeddings of node types "
             f"{', '.join(model.output_types)} only, not {quote(node_type)}"
         )
-    store_wide, found = model.topology.find_typed(ids, node_type)
+    store_wide, found = topology.find_typed(ids, node_type)
     if not found.all():
         known = (
             f"its {t.total} IDs are its own"
-            if model.topology.type_node_ids is not None
+            if topology.type_node_ids is not None
             else f"its {t.count} IDs are 0..{t.count - 1}"
         )
         raise InvalidRequestError(
@@ -683,21 +686,24 @@ class DeltaResolver:
 
     def __init__(
         self,
-        model_name: str,
+        model: ServedModel,
         batch: MutationBatch,
         ids: np.ndarray,
+        node_type: str = "",
         spliced: dict | None = None,
     ) -> None:
-        self.model_name = model_name
+        self.model = model
+        self.model_name = model.name
         self.batch = batch
         self.ids = ids
+        self.node_type = node_type  # the targets are IDs within it (new ones included)
         # snapshot -> (encoded delta, snapshot + delta): one splice per snapshot, shared
         # by the ID mapping, the job and the footprints (and by every slice of a stream).
         self._spliced = {} if spliced is None else spliced
 
     def bind(self, ids: np.ndarray) -> DeltaResolver:
         """The same delta for other targets (a slice of a streamed request)."""
-        return DeltaResolver(self.model_name, self.batch, ids, self._spliced)
+        return DeltaResolver(self.model, self.batch, ids, self.node_type, self._spliced)
 
     def __call__(self, topology) -> tuple[bytes, object, np.ndarray]:  # noqa: ANN001
         done = self._spliced.get(topology.seq)
@@ -710,8 +716,11 @@ class DeltaResolver:
             self._spliced.clear()  # older snapshots are not planned on again
             self._spliced[topology.seq] = done
         _, encoded, extended = done
+        ids = self.ids
+        if self.node_type:  # IDs within the type, on graph + delta
+            ids = _store_wide_ids(self.model, ids, self.node_type, extended)
         try:
-            storage = extended.to_storage(self.ids)
+            storage = extended.to_storage(ids)
         except UnknownNodeError as err:
             raise InvalidRequestError(
                 f"model {self.model_name!r}: {len(err.unknown)} requested node IDs are in "
@@ -739,16 +748,18 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
         raise InvalidRequestError(f"model {model.name!r} serves a graph that takes no delta")
     if not key.exact:
         raise InvalidRequestError("a request with a delta is exact only: drop the fanouts")
-    dim = model.topology.feature_dim
-    if delta.add_nodes.node_type:
-        raise InvalidRequestError(
-            "delta.add_nodes.node_type: new nodes are named by store-wide IDs (a graph with "
-            "node types takes no new nodes yet)"
-        )
-    ids, rows = decode_node_rows(delta.add_nodes, dim, "delta.add_nodes")
+    width = row_width(model.live, delta.add_nodes)
+    ids, rows = decode_node_rows(delta.add_nodes, width, "delta.add_nodes")
     added = decode_edges(delta.add_edges, "delta.add_edges")
-    batch = MutationBatch(add_node_ids=ids, add_node_features=rows, **added.mutation_fields())
-    return DeltaResolver(model.name, batch, np.asarray(request.node_ids, dtype=np.int64))
+    batch = MutationBatch(
+        add_node_ids=ids,
+        add_node_features=rows,
+        add_node_type=delta.add_nodes.node_type,
+        **added.mutation_fields(),
+    )
+    return DeltaResolver(
+        model, batch, np.asarray(request.node_ids, dtype=np.int64), request.node_type
+    )
 
 
 def footprints(topology, storage: np.ndarray, num_layers: int) -> list[tuple[list[int], int]]:  # noqa: ANN001

@@ -32,7 +32,14 @@ from hopserve.server.errors import InvalidRequestError, ModelNotReadyError, quot
 from hopserve.server.metrics import Metrics
 from hopserve.worker.graph.live import ApplyResult, InvalidUpdateError, LiveGraph, MutationBatch
 
-__all__ = ["COMPACT_AFTER_BATCHES", "GraphAdmin", "decode_edges", "decode_rows", "model_kind"]
+__all__ = [
+    "COMPACT_AFTER_BATCHES",
+    "GraphAdmin",
+    "decode_edges",
+    "decode_rows",
+    "model_kind",
+    "row_width",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,7 @@ def decode_rows(rows: pb.NodeRows, dim: int, what: str) -> tuple[np.ndarray, np.
     return ids, np.array(features, dtype=np.float32)
 
 
-def _row_width(live: LiveGraph, rows: pb.NodeRows) -> int:
+def row_width(live: LiveGraph, rows: pb.NodeRows) -> int:
     """The feature width ``rows`` may have: the graph's, or for new nodes of a narrower
     type the type's own (padded by the update's checks)."""
     dim = live.topology.feature_dim
@@ -208,7 +215,7 @@ class GraphAdmin:
         live = self._graph(request.model)
         dim = live.topology.feature_dim
         add_ids, add_rows = decode_rows(
-            request.add_nodes, _row_width(live, request.add_nodes), "add_nodes"
+            request.add_nodes, row_width(live, request.add_nodes), "add_nodes"
         )
         set_ids, set_rows = decode_rows(request.set_features, dim, "set_features")
         removed = decode_edges(request.remove_edges, "remove_edges", data=False)

@@ -4,8 +4,10 @@ An RGCN over the synthetic recommender graph: ``ListModels`` lists the node type
 relations; a request naming ``node_type`` asks by that type's own IDs and equals the
 model's own forward on the graph's homogeneous form (PyG's ``to_homogeneous`` numbering,
 what store-wide IDs are); item embeddings for a user's candidate items in one request
-(the demo's use). A type the graph lacks, a type on an untyped graph, IDs beyond a type's
-count and a type with a delta are INVALID_ARGUMENT naming the value.
+(the demo's use). On a store whose types have their own IDs, updates and request-scoped
+deltas add nodes to a type, asked for by their IDs. A type the graph lacks, a type on an
+untyped graph, IDs beyond a type's count and typed nodes on a store numbered by position
+are INVALID_ARGUMENT naming the value.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from hopserve import GraphStore
 from hopserve.client import AdminClient, EmbeddingClient, InvalidArgumentError
 from hopserve.config import HopserveConfig
 from hopserve.testing import free_port
-from hopserve.worker.graph.live import LiveGraph
+from hopserve.worker.graph.live import LiveGraph, MutationBatch
+from hopserve.worker.graph.live.mutations import resolve
 from hopserve.worker.graph.synth_hetero import synth_recommender
 
 from .conftest import FEATURES
@@ -106,10 +109,11 @@ def test_typed_requests_are_exact_and_listed(served):
             match=r"1 of 2 requested 'item' node IDs are not in the graph \(its 90 IDs are 0..89\): 90",
         ):
             client.get_embeddings("rec", [1, 90], node_type="item")  # fmt: skip
-        with pytest.raises(InvalidArgumentError, match="leave node_type empty"):
+        with pytest.raises(InvalidArgumentError, match="numbered by position 0..count-1"):
             client.get_embeddings_with_info(
                 "rec", [0], node_type="item", add_nodes=([5000], np.ones((1, FEATURES))),
-                add_edges=([5000], [0]), edge_relations=["user__clicks__item"],
+                add_node_type="item", add_edges=([5000], [0]),
+                edge_relations=["item__clicked-by__user"],
             )  # fmt: skip
         with pytest.raises(InvalidArgumentError, match="node_type must be a non-empty string"):
             client.get_embeddings("rec", [0], node_type="")
@@ -227,3 +231,27 @@ def test_requests_and_updates_name_nodes_by_their_types_own_ids(tmp_path, start_
         assert_exact(torch.from_numpy(got.copy()), want[[n + 1, n]], "new users")
         got = client.get_embeddings("rec", [7], node_type="item")  # cached before: dropped
         assert_exact(torch.from_numpy(got.copy()), want[[item7]], "item 7 with new clicks")
+    # A request-scoped delta with a new user (its own ID) clicking item 7, asked for by
+    # IDs within the type (the new one and user 7): exact on graph + delta, nothing kept.
+    batch = MutationBatch(
+        add_node_ids=[6001], add_node_features=rows[:1], add_node_type="user",
+        add_src=[6001, 7], add_dst=[7, 6001],
+        add_edge_type=["user__clicks__item", "item__clicked-by__user"],
+    )  # fmt: skip
+    live = LiveGraph(path, with_features=True)
+    with live.with_delta(live.seq, resolve(batch, live.topology, live.seq)) as extended:
+        want = _forward(extended)
+    with EmbeddingClient(server.target, timeout=30) as client:
+        got = client.get_embeddings_with_info(
+            "rec", [6001, 7], node_type="user",
+            add_nodes=([6001], rows[:1]), add_node_type="user",
+            add_edges=([6001, 7], [7, 6001]),
+            edge_relations=["user__clicks__item", "item__clicked-by__user"],
+        )  # fmt: skip
+        assert_exact(torch.from_numpy(got.embeddings.copy()), want[[n + 2, user7]], "delta")
+        with pytest.raises(InvalidArgumentError, match=r"requested 'user' node IDs are not in"):
+            client.get_embeddings("rec", [6001], node_type="user")  # the delta was not kept
+        with pytest.raises(InvalidArgumentError, match=r"delta: add_nodes\[0\]: node ID 7 is"):
+            client.get_embeddings_with_info(
+                "rec", [7], node_type="user", add_nodes=([7], rows[:1]), add_node_type="user"
+            )
