@@ -28,14 +28,18 @@ def _dtype_name(dtype: int) -> str:
 @dataclass(frozen=True)
 class NodeTypeInfo:
     """One node type of a typed graph (``hopserve.v1.NodeTypeInfo``): store-wide IDs
-    ``offset .. offset + count - 1``; ``node_type=name`` asks by the type's own IDs
-    (``own_ids``) or by its positions ``0..count-1``."""
+    ``offset .. offset + count - 1`` (nodes updates added to a type with own IDs come after
+    every type's); ``node_type=name`` asks by the type's own IDs (``own_ids``) or by its
+    positions ``0..count-1``. ``output_dim``: the width of the model's embeddings of this
+    type (a row's first ``output_dim`` values; the rest of ``ModelInfo.dim`` is zero
+    padding), 0 when the model outputs none of this type."""
 
     name: str
     count: int
     offset: int
     feature_dim: int
     own_ids: bool = False
+    output_dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,9 @@ class ModelInfo:
         state: ``"loading"``, ``"ready"``, ``"failed"`` or ``"draining"``.
         is_default: Served to requests that name no version.
         traffic_percent: Share of unversioned requests this version gets.
-        node_types: Node types of a typed graph, ``(name, count, offset, feature_dim)``
-            in storage-id order (empty: untyped); ``node_type`` of the embedding calls.
+        node_types: Node types of a typed graph (:class:`NodeTypeInfo`: name, count,
+            offset, feature width, own IDs, the model's output width for the type) in
+            storage-id order (empty: untyped); ``node_type`` of the embedding calls.
         relations: Relation names of the graph's typed edges, by id (empty: untyped).
         output_types: Node types the model outputs embeddings for (a dict model's;
             empty: every node). Requests for other types are refused.

@@ -237,6 +237,7 @@ def status_from_proto(msg: worker_pb2.WorkerInfo) -> WorkerStatus:
             mode=m.mode or "layerwise",
             blocks=tuple(from_message(b, BlockInfo) for b in m.blocks),
             output_types=tuple(m.output_types),
+            output_dims=tuple(int(d) for d in m.output_dims),
         )
         for m in msg.models
     )

@@ -320,6 +320,9 @@ class ModelStatus:
     cached rows: the front-end sends none."""
     output_types: tuple[str, ...] = ()
     """Node types whose rows the model outputs (a dict model's; empty: every node)."""
+    output_dims: tuple[int, ...] = ()
+    """Width of each output type's embeddings (aligned with :attr:`output_types`; the
+    narrower are zero-padded to ``dim``)."""
 
 
 @dataclass(frozen=True)

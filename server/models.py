@@ -125,6 +125,16 @@ class ServedModel:
         """Node types the model outputs embeddings for (empty: every node)."""
         return tuple(getattr(self.status, "output_types", ()) or ()) if self.status else ()
 
+    def output_dim(self, node_type: str) -> int:
+        """Width of the model's embeddings of ``node_type`` (0: it outputs none of it)."""
+        types = self.output_types
+        if not types:
+            return self.dim
+        dims = tuple(getattr(self.status, "output_dims", ()) or ())
+        if node_type not in types:
+            return 0
+        return int(dims[types.index(node_type)]) if len(dims) == len(types) else self.dim
+
     @property
     def plans_frontiers(self) -> bool:
         """Whether exact jobs carry planned frontiers: not for the node-wise fallback, nor
@@ -219,6 +229,7 @@ class ServedModel:
                     offset=t.offset,
                     feature_dim=t.feature_dim,
                     own_ids=self.topology.type_node_ids is not None,
+                    output_dim=self.output_dim(t.name),
                 )
                 for t in self.topology.meta.node_types or ()
             ],

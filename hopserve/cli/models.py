@@ -91,7 +91,7 @@ def render(models: list[ModelInfo], fmt: OutputFormat) -> str:
         for row, m in zip(rows[1:], models, strict=True):
             row.append(
                 ", ".join(
-                    f"{t.name} ({t.count:,}{', own IDs' if t.own_ids else ''})"
+                    f"{t.name} ({t.count:,}{', own IDs' if t.own_ids else ''}{_output_width(t, m)})"
                     for t in m.node_types
                 )
                 or "-"
@@ -252,3 +252,10 @@ def unload_cmd(
     except HopserveError as err:
         _fail(err)
     typer.echo(f"unloaded {name}:{done.version} ({done.drained_requests} requests drained)")
+
+
+def _output_width(t, m) -> str:  # noqa: ANN001 - a NodeTypeInfo and its ModelInfo
+    """Where a type's embeddings are not the model's full width: how wide they are."""
+    if t.output_dim == m.dim:
+        return ""
+    return ", no embeddings" if t.output_dim == 0 else f", {t.output_dim} of {m.dim} wide"

@@ -252,15 +252,17 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_num_nodes: _Optional[int] = ..., graph_num_edges: _Optional[int] = ..., graph_version: _Optional[str] = ..., ready: _Optional[bool] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., graph_seq: _Optional[int] = ..., state: _Optional[str] = ..., is_default: _Optional[bool] = ..., traffic_percent: _Optional[int] = ..., node_types: _Optional[_Iterable[_Union[NodeTypeInfo, _Mapping]]] = ..., relations: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeTypeInfo(_message.Message):
-    __slots__ = ("name", "count", "offset", "feature_dim", "own_ids")
+    __slots__ = ("name", "count", "offset", "feature_dim", "own_ids", "output_dim")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
     OWN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DIM_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     offset: int
     feature_dim: int
     own_ids: bool
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., feature_dim: _Optional[int] = ..., own_ids: _Optional[bool] = ...) -> None: ...
+    output_dim: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., feature_dim: _Optional[int] = ..., own_ids: _Optional[bool] = ..., output_dim: _Optional[int] = ...) -> None: ...

@@ -172,7 +172,11 @@ def test_status_round_trip():
         device="cuda:1",
         models=(
             ModelStatus("a", "1", 4, 2, "g2", 100, "layerwise", True, blocks, "a.b:C"),
-            ModelStatus("b", "3", 8, 3, "g1", 7, "nodewise", False, output_types=("item",)),
+            ModelStatus(
+                *("b", "3", 8, 3, "g1", 7, "nodewise", False),
+                output_types=("user", "item"),
+                output_dims=(4, 8),
+            ),
         ),
         inflight_jobs=2,
         queued_jobs=1,

@@ -31,6 +31,7 @@ whole-graph statistic, and dict convs other than ``HeteroConv``.
 from __future__ import annotations
 
 import inspect
+import math
 import operator
 import sys
 from collections.abc import Sequence
@@ -97,6 +98,9 @@ class HomogeneousModel(fx.GraphModule):
 
     layout: TypeLayout
     output_types: tuple[str, ...]
+    output_dims: tuple[int, ...]
+    """Width of each output type's embeddings (aligned with ``output_types``; the table
+    pads the narrower with zeros)."""
 
 
 def _error(message: str) -> Exception:
@@ -409,7 +413,17 @@ class _Builder:
         hm.recompile()
         hm.layout = self.layout
         hm.output_types = tuple(self.layout.names[t] for t in types)
+        hm.output_dims = tuple(self._output_dims(output, out_spec))
         return hm
+
+    def _output_dims(self, output: fx.Node, out_spec: Any) -> list[int]:
+        """The per-row width of each output value, on the example graph (in output order)."""
+        flat = (
+            list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        )
+        structure = pytree.tree_unflatten(flat, out_spec) if out_spec is not None else flat[0]
+        values = structure.values() if isinstance(structure, dict) else [structure]
+        return [int(math.prod(self.shapes[v][1:])) for v in values]
 
     def _features(self, t: int) -> _Value:
         dim = self.layout.feature_dims[t]

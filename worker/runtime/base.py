@@ -114,6 +114,7 @@ class LoadedModel:
             reads_source_degrees=reads_source_degrees,
             layer_cache_rows=self.layer_cache.capacity if self.layer_cache is not None else 0,
             output_types=tuple(getattr(self.evaluator.model, "output_types", ())),
+            output_dims=tuple(getattr(self.evaluator.model, "output_dims", ())),
         )
 
     @contextmanager

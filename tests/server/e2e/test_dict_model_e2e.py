@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support import assert_exact
+from support.hetero_models import UserItemHeads
 
 from hopserve import GraphStore
 from hopserve.client import EmbeddingClient, InvalidArgumentError
@@ -92,3 +93,37 @@ def test_a_dict_model_serves_its_output_type_exactly(served):
             InvalidArgumentError, match="1 of 2 requested node IDs are of other types: 4"
         ):
             client.get_embeddings("rec", [150, 4])
+
+
+def test_output_types_of_different_widths_are_listed_and_padded(tmp_path, start_server):
+    """A dict model with a 4-wide user head and a 6-wide item head: ``ListModels`` gives
+    each type's width (0 for categories, which it does not output); a user's row is its
+    4 values, then zeros to the model's 6."""
+    path = tmp_path / "rec"
+    synth_recommender(150, 90, 6, FEATURES, seed=2, out=path, progress=False)
+    store = GraphStore.open(path)
+    kwargs = {"in_dims": {t.name: t.feature_dim for t in store.node_types},
+              "relations": store.relations}  # fmt: skip
+    torch.manual_seed(5)
+    model = UserItemHeads(**kwargs).eval()
+    torch.save(model.state_dict(), tmp_path / "heads.pt")
+    config = HopserveConfig.model_validate({
+        "models": [{"name": "heads", "version": "1",
+                    "entrypoint": "support.hetero_models:UserItemHeads", "kwargs": kwargs,
+                    "weights": str(tmp_path / "heads.pt"), "graph": str(path)}],
+        "server": {"host": "127.0.0.1", "port": free_port(), "metrics_port": 0,
+                   "max_wait_ms": 5, "grace_period_s": 1},
+        "cache": {"backend": "memory"},
+    })  # fmt: skip
+    server = start_server(config)
+    want = _forward(model, path)
+    with EmbeddingClient(server.target, timeout=30) as client:
+        (info,) = client.list_models()
+        assert info.dim == 6 and info.output_types == ("user", "item")
+        widths = {t.name: t.output_dim for t in info.node_types}
+        assert widths == {"user": 4, "item": 6, "category": 0}
+        users = client.get_embeddings("heads", [0, 149, 3], node_type="user")
+        assert_exact(torch.from_numpy(users[:, :4].copy()), want["user"][[0, 149, 3]], "users")
+        assert not users[:, 4:].any()
+        items = client.get_embeddings("heads", [3, 0], node_type="item")
+        assert_exact(torch.from_numpy(items.copy()), want["item"][[3, 0]], "items")
