@@ -87,8 +87,8 @@ def row_width(live: LiveGraph, rows: pb.NodeRows) -> int:
     if rows.node_type and rows.dim != dim:
         try:
             width = live.topology.node_type(rows.node_type).feature_dim
-        except KeyError:  # named by the update's own checks
-            return dim
+        except KeyError:  # the update's checks name the unknown type
+            return rows.dim
         return width if rows.dim == width else dim
     return dim
 

@@ -255,7 +255,10 @@ def unload_cmd(
 
 
 def _output_width(t, m) -> str:  # noqa: ANN001 - a NodeTypeInfo and its ModelInfo
-    """Where a type's embeddings are not the model's full width: how wide they are."""
-    if t.output_dim == m.dim:
+    """Where a type's embeddings are not the model's full width: how wide they are (a
+    server that predates ``output_dim`` sends 0: nothing is said then)."""
+    if m.output_types and t.name not in m.output_types:
+        return ", no embeddings"
+    if t.output_dim in (0, m.dim):
         return ""
-    return ", no embeddings" if t.output_dim == 0 else f", {t.output_dim} of {m.dim} wide"
+    return f", {t.output_dim} of {m.dim} wide"

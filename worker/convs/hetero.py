@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
-from hopserve.worker.hetero.layout import TypeLayout
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
@@ -36,17 +35,9 @@ class _TypedAdapter(ConvAdapter):
     accepts_edge_data = True
 
     def prepare(self, graph: Any) -> None:
-        """Refuse a typed graph laid out otherwise than the one the model was split for."""
-        layout = TypeLayout.from_graph(graph)
-        if layout is not None and layout != self.conv.layout:
-            from hopserve.worker.trace.tracer import ModelTraceError
-
-            raise ModelTraceError(
-                f"the graph's node types and relations ({list(layout.names)}, "
-                f"{len(layout.relations)} relations) are not those the model was split for "
-                f"({list(self.conv.layout.names)}, {len(self.conv.layout.relations)}); "
-                "reload the model against this graph"
-            )
+        """Follow the graph's type ranges (a live graph appends runs to its types); refuse
+        a typed graph whose types or relations are not those the model was split for."""
+        self.conv.layout.bind(graph)
         super().prepare(graph)
 
 

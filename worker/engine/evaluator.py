@@ -220,6 +220,7 @@ class LayerwiseEvaluator:
         if not self.output_types or not types:
             return
         layout = self.model.layout
+        layout.bind(self.graph)  # this graph's type ranges (updates append runs)
         kinds = layout.types_of(torch.as_tensor(storage), len(storage), torch.device("cpu"))
         wanted = torch.tensor([layout.index(t) for t in self.output_types])
         bad = ~torch.isin(kinds, wanted)

@@ -33,7 +33,7 @@ from hopserve.worker.graph.format import (
     GraphMeta,
     load_array,
 )
-from hopserve.worker.graph.node_types import check_node_types
+from hopserve.worker.graph.node_types import check_node_types, type_of
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["GraphStore"]
@@ -247,8 +247,7 @@ class GraphStore:
         groups = None
         if node_types is not None:
             node_types = check_node_types(node_types, n, x_np.shape[1])
-            counts = [int(t.count) for t in node_types]
-            groups = np.repeat(np.arange(len(counts)), counts)  # reorder within each type
+            groups = type_of(node_types, np.arange(n))  # reorder within each type's ranges
         csc = build_csc(
             ei[0],
             ei[1],
@@ -553,8 +552,6 @@ class GraphStore:
     def node_type_ids(self) -> torch.Tensor | None:
         """int64 ``[N]``: each storage node's type (its index in :attr:`node_types`), or
         ``None`` for an untyped store; a model's ``node_type`` / ``ntype`` argument."""
-        from hopserve.worker.graph.node_types import type_of
-
         types = self.node_types
         if not types:
             return None

@@ -406,24 +406,15 @@ class _Builder:
                 break
             self.values[node] = self._node(node)
         assert output is not None
-        result, types = self._output(output, out_spec)
+        result, types, dims = self._output(output, out_spec)
         self.g.output(result)
         hm = HomogeneousModel(self.root, self.g, f"{type(self.model).__name__}Homogeneous")
         hm.graph.eliminate_dead_code()
         hm.recompile()
         hm.layout = self.layout
         hm.output_types = tuple(self.layout.names[t] for t in types)
-        hm.output_dims = tuple(self._output_dims(output, out_spec))
+        hm.output_dims = dims
         return hm
-
-    def _output_dims(self, output: fx.Node, out_spec: Any) -> list[int]:
-        """The per-row width of each output value, on the example graph (in output order)."""
-        flat = (
-            list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-        )
-        structure = pytree.tree_unflatten(flat, out_spec) if out_spec is not None else flat[0]
-        values = structure.values() if isinstance(structure, dict) else [structure]
-        return [int(math.prod(self.shapes[v][1:])) for v in values]
 
     def _features(self, t: int) -> _Value:
         dim = self.layout.feature_dims[t]
@@ -746,7 +737,9 @@ class _Builder:
             return _Value(src.node, t)
         return _Value(self._columns(src.node, widths[t][0]), t)
 
-    def _output(self, output: fx.Node, out_spec: Any) -> tuple[fx.Node, list[int]]:
+    def _output(self, output: fx.Node, out_spec: Any) -> tuple[fx.Node, list[int], tuple[int, ...]]:
+        """The homogeneous output, its node types and each one's per-row width (of the
+        traced value on the example graph)."""
         flat = (
             list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
         )
@@ -756,7 +749,7 @@ class _Builder:
             v = self.values[structure]
             if v.kind != "tensor" or v.type_index is None:
                 raise _error(f"{name} must return one node type's embeddings or a dict of them")
-            return v.node, [v.type_index]
+            return v.node, [v.type_index], (self._row_width(structure),)
         if isinstance(structure, dict):
             types, nodes = [], []
             for key, value in structure.items():
@@ -765,11 +758,16 @@ class _Builder:
                     raise _error(f"{name}'s output [{key!r}] is not node type {key!r}'s value")
                 types.append(v.type_index)
                 nodes.append(v.node)
-            return self._merged(nodes, types), types
+            dims = tuple(self._row_width(value) for value in structure.values())
+            return self._merged(nodes, types), types, dims
         raise _error(
             f"{name} returns a {type(structure).__name__}; a dict model must return one node "
             "type's embeddings or a dict of them"
         )
+
+    def _row_width(self, node: fx.Node) -> int:
+        """Values per row of a traced tensor (its shape on the example graph, rows aside)."""
+        return int(math.prod(self.shapes[node][1:]))
 
 
 def _out_shape(shapes: dict[int, tuple[int, ...]], where: str) -> tuple[int, ...]:

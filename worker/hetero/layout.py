@@ -1,14 +1,19 @@
-"""The type layout a dict model is split against: node types as storage-id ranges.
+"""The type layout a dict model is split against: node types, widths and relations, and
+where each type's rows are in the graph the model runs on.
 
 A typed store (:mod:`hopserve.worker.graph.node_types`) gives node type ``t`` the storage
-ids ``[offset_t, offset_t + count_t)``, then the runs live updates appended to it, and each
-relation ``src__name__dst`` an id in the ``edge_type`` column. A :class:`TypeLayout` is that, read once from the graph, with the
-lookup every typed module needs: the type of a row from its storage id.
+ids ``[offset_t, offset_t + count_t)``, then the runs live updates append to it, and each
+relation ``src__name__dst`` an id in the ``edge_type`` column. A :class:`TypeLayout` holds
+the types and relations the model was split for (fixed) and the type ranges of the graph
+it runs on (:class:`TypeRanges`, shared by every typed module of the model and re-bound
+to each run's graph by :meth:`TypeLayout.bind`: an update that adds typed nodes moves no
+range, it appends one), with the lookup every typed module needs: the type of a row from
+its storage id.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,27 +21,41 @@ from torch import Tensor
 
 from hopserve.worker.graph.node_types import relation_triple, type_bounds
 
-__all__ = ["TypeLayout"]
+__all__ = ["TypeLayout", "TypeRanges"]
+
+
+class TypeRanges:
+    """The type ranges of one graph: ``(starts, kinds)``, the first storage id of every
+    non-empty range (base ranges and added runs), ascending, and the type index of each
+    (:func:`~hopserve.worker.graph.node_types.type_bounds`). Mutable: :meth:`set` swaps
+    both at once."""
+
+    def __init__(self, types: Any) -> None:
+        self.set(types)
+
+    def set(self, types: Any) -> None:
+        """Take the ranges of node types ``types`` (a graph's ``node_types``)."""
+        starts, kinds = type_bounds(types)
+        self.bounds = (tuple(starts.tolist()), tuple(kinds.tolist()))  # one assignment
 
 
 @dataclass(frozen=True)
 class TypeLayout:
-    """Node types (id order) with their storage ranges and widths, and the relations.
+    """Node types (id order) with their widths, the relations, and the type ranges of the
+    graph the model runs on.
 
     Attributes:
         names: node type names, in storage-id order of their base ranges.
-        range_starts: first storage id of every non-empty range (base ranges and added
-            runs), ascending.
-        range_types: the type index of each of those ranges.
         feature_dims: feature columns each type uses (the table is zero-padded).
         relations: ``(src, name, dst)`` by relation id (the ``edge_type`` values).
+        ranges: where each type's rows are (not part of equality: two graphs with the same
+            types and relations take the same model).
     """
 
     names: tuple[str, ...]
-    range_starts: tuple[int, ...]
-    range_types: tuple[int, ...]
     feature_dims: tuple[int, ...]
     relations: tuple[tuple[str, str, str], ...]
+    ranges: TypeRanges = field(compare=False, repr=False)
 
     @classmethod
     def from_graph(cls, graph: Any) -> TypeLayout | None:
@@ -44,14 +63,33 @@ class TypeLayout:
         types = getattr(graph, "node_types", None)
         if not types:
             return None
-        starts, kinds = type_bounds(types)
         return cls(
             names=tuple(t.name for t in types),
-            range_starts=tuple(starts.tolist()),
-            range_types=tuple(kinds.tolist()),
             feature_dims=tuple(int(t.feature_dim) for t in types),
             relations=tuple(relation_triple(r) for r in graph.relations or ()),
+            ranges=TypeRanges(types),
         )
+
+    def bind(self, graph: Any) -> None:
+        """Follow ``graph``'s type ranges (every module sharing this layout then types its
+        rows by them).
+
+        Raises:
+            ModelTraceError: ``graph``'s node types or relations are not this layout's.
+        """
+        other = TypeLayout.from_graph(graph)
+        if other is None:
+            return
+        if other != self:
+            from hopserve.worker.trace.tracer import ModelTraceError
+
+            raise ModelTraceError(
+                f"the graph's node types and relations ({list(other.names)}, "
+                f"{len(other.relations)} relations) are not those the model was split for "
+                f"({list(self.names)}, {len(self.relations)}); reload the model against "
+                "this graph"
+            )
+        self.ranges.set(graph.node_types)
 
     def index(self, name: str) -> int:
         """Position of node type ``name``.
@@ -75,8 +113,9 @@ class TypeLayout:
         """Type index of each row: of storage ids ``node_ids``, or of rows ``0..num_rows-1``
         (storage order) when ``None``. Ids past the last range count as its type."""
         ids = torch.arange(num_rows, device=device) if node_ids is None else node_ids.to(device)
-        bounds = torch.tensor(self.range_starts[1:], dtype=ids.dtype, device=device)
-        kinds = torch.tensor(self.range_types, dtype=torch.long, device=device)
+        starts, types = self.ranges.bounds
+        bounds = torch.tensor(starts[1:], dtype=ids.dtype, device=device)
+        kinds = torch.tensor(types, dtype=torch.long, device=device)
         return kinds[torch.searchsorted(bounds, ids, right=True)]
 
     def rows_of(

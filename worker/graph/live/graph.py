@@ -582,7 +582,7 @@ class LiveGraph:
                 edge_features=snap.edge_features,
                 edge_type=snap.edge_type,
                 relations=snap.meta.relations,
-                node_types=snap.meta.node_types,  # updates add no nodes to a typed graph
+                node_types=snap.meta.node_types,  # with the runs updates appended
                 type_node_ids=snap.type_node_ids,
             )
             write_contents(target, contents, overwrite=True, progress=progress)

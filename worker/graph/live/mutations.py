@@ -356,6 +356,10 @@ def _new_typed_nodes(graph, batch: MutationBatch) -> _NewTyped | None:  # noqa: 
             )
         return None
     if not ids.size:
+        if batch.add_node_type:
+            raise InvalidUpdateError(
+                f"add_nodes.node_type: {batch.add_node_type!r} given without nodes to add"
+            )
         return None
     names = ", ".join(t.name for t in types)
     if graph.type_node_ids is None:
@@ -398,6 +402,11 @@ def _typed_rows(values: object, graph, new: _NewTyped) -> np.ndarray:  # noqa: A
     if arr is not None and arr.ndim == 2 and arr.shape[1] == width != dim:
         rows = _rows(arr, new.own_ids.size, width, "add_nodes")
         return np.pad(rows, ((0, 0), (0, dim - width)))
+    if arr is not None and arr.ndim == 2 and arr.shape[1] not in (width, dim):
+        raise InvalidUpdateError(
+            f"add_nodes: feature width {arr.shape[1]} matches neither the graph's {dim} nor "
+            f"the {new.name!r} type's {width}"
+        )
     rows = _rows(values, new.own_ids.size, dim, "add_nodes")
     beyond = np.flatnonzero((rows[:, width:] != 0).any(axis=1))
     if beyond.size:
@@ -488,9 +497,11 @@ def _check_removed_relations(graph, src, dst, relation, batch: MutationBatch) ->
             )
 
 
-def _typed_nodes(graph, ids: np.ndarray, node_type: str, what: str) -> np.ndarray:  # noqa: ANN001
+def _typed_nodes(
+    graph, ids: np.ndarray, node_type: str, what: str, new: _NewTyped | None = None
+) -> np.ndarray:  # noqa: ANN001, E501
     """Storage ids of IDs within ``node_type`` (naming an unknown type or the first ID the
-    type lacks)."""
+    type lacks); ``new``: nodes the batch adds, found by their type and ID too."""
     if graph.meta.node_types is None:
         raise InvalidUpdateError(
             f"{what}.node_type: {node_type!r} given, but the graph's nodes are untyped"
@@ -499,10 +510,15 @@ def _typed_nodes(graph, ids: np.ndarray, node_type: str, what: str) -> np.ndarra
         store_wide, found = graph.find_typed(ids, node_type)
     except KeyError as err:
         raise InvalidUpdateError(f"{what}.node_type: {err.args[0]}") from None
+    if new is not None and node_type == new.name and not found.all():
+        miss = np.flatnonzero(~found)
+        hit = _positions_in(new.own_ids, ids[miss])
+        store_wide[miss[hit >= 0]] = new.store_wide[hit[hit >= 0]]
+        found[miss[hit >= 0]] = True
     if not found.all():
         i = int(np.flatnonzero(~found)[0])
         raise InvalidUpdateError(f"{what}[{i}]: {int(ids[i])} is not a {node_type!r} node ID")
-    return graph.to_storage(store_wide)
+    return _storage_of(graph, store_wide, new)
 
 
 def _check_typed_ends(
@@ -543,7 +559,10 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
             edges without the weight / feature row the graph's edge columns need (named
             field and count), a wrong edge feature width (expected and given), NaN/Inf
             edge data (edge index), edge data for a column the graph lacks; on a graph
-            with typed edges, added edges without a relation or with an unknown one.
+            with typed edges, added edges without a relation or with an unknown one; on a
+            graph with node types, new nodes without their type, of an unknown type, with
+            an ID the type has, with non-zero values past the type's feature columns, or
+            on a store whose types are numbered by position.
     """
     key = batch.idempotency_key
     if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isprintable():
@@ -631,7 +650,9 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     if graph.meta.node_types is not None:
         _check_typed_ends(graph, a_src, a_dst, add_edge_type, batch, typed)
     if batch.set_node_type:
-        set_nodes = _typed_nodes(graph, batch.set_node_ids, batch.set_node_type, "set_features")
+        set_nodes = _typed_nodes(
+            graph, batch.set_node_ids, batch.set_node_type, "set_features", typed
+        )
     else:
         set_nodes = storage(batch.set_node_ids, "set_features", True)
     set_rows = _rows(batch.set_features, set_nodes.size, dim, "set_features")

@@ -217,13 +217,14 @@ def test_dict_models_on_the_updated_graph_equal_their_forward(tmp_path, family):
     with torch.no_grad():
         model(data.x_dict, data.edge_index_dict)  # lazy shapes
     model.eval()
+    ev = LayerwiseEvaluator(model, live.store(), init_batch_nodes=4, progress=False)
     for step in range(3):
         _apply(live, g, step)
         data = g.hetero()
         with torch.no_grad():
             want = model(data.x_dict, data.edge_index_dict)
         store = live.store()
-        ev = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)
+        ev.graph = store  # as a worker does when the graph moves on (one model, loaded once)
         full = ev.evaluate()
         targets = []
         for t, rows in want.items():
@@ -233,17 +234,21 @@ def test_dict_models_on_the_updated_graph_equal_their_forward(tmp_path, family):
         targets = np.concatenate(targets)
         partial = ev.evaluate(targets=torch.from_numpy(targets))
         assert_exact(partial, full[targets], f"{family} partial after batch {step}")
+        fresh = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)
+        assert_exact(fresh.evaluate(), full, f"{family} loaded on the updated graph")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, r"add_nodes.node_type: the graph's nodes are typed \(user, item\); name the type"),
+        ({"add_node_type": ""},
+         r"add_nodes.node_type: the graph's nodes are typed \(user, item\); name the type"),
         ({"add_node_type": "shop"}, r"add_nodes.node_type: .*no node type 'shop'"),
         ({"add_node_ids": [1, 7]}, r"add_nodes\[1\]: node ID 7 is already a 'user' node"),
         ({"add_node_ids": [1, 1]}, r"add_nodes\[1\]: node ID 1 is given twice"),
         ({"add_node_features": np.ones((2, 4), np.float32)},
-         r"add_nodes: feature width 4 does not match the graph's 5"),
+         r"add_nodes: feature width 4 matches neither the graph's 5 nor the 'user' type's 3"),
+        ({"add_node_ids": []}, r"add_nodes.node_type: 'user' given without nodes to add"),
         ({"add_node_features": np.ones((2, 5), np.float32)},
          r"add_nodes\[0\]: a 'user' node has 3 feature columns, but the row holds non-zero"),
         ({"add_src": [1], "add_dst": [1], "add_edge_type": [CLICKS]},
@@ -251,8 +256,8 @@ def test_dict_models_on_the_updated_graph_equal_their_forward(tmp_path, family):
         ({"add_node_features": np.full((2, 3), np.nan, np.float32)},
          r"add_nodes\[0\]: features hold NaN or Inf"),
     ],
-    ids=["no type", "unknown type", "ID in the type", "ID twice", "width", "padding",
-         "edge to a new node as another type", "NaN"],
+    ids=["no type", "unknown type", "ID in the type", "ID twice", "width", "type without nodes",
+         "padding", "edge to a new node as another type", "NaN"],
 )  # fmt: skip
 def test_bad_typed_additions_are_refused_with_nothing_applied(tmp_path, kwargs, message):
     g = TypedGraph()
@@ -260,12 +265,29 @@ def test_bad_typed_additions_are_refused_with_nothing_applied(tmp_path, kwargs, 
     live = LiveGraph(tmp_path / "g")
     batch = {"add_node_ids": [1, 2], "add_node_features": np.ones((2, 3), np.float32),
              "add_node_type": "user"} | kwargs  # fmt: skip
-    if "add_node_type" in batch and kwargs == {}:
-        del batch["add_node_type"]
     with pytest.raises(InvalidUpdateError, match=message):
         live.apply(MutationBatch(**batch))
     assert live.seq == 0 and len(live.log) == 0
     assert live.topology.node_type("user").added == ()
+
+
+def test_a_batch_sets_the_features_of_a_node_it_adds(tmp_path):
+    """``set_features`` (applied after ``add_nodes``) names a node the batch adds by its
+    type and ID, as edges of the batch do."""
+    g = TypedGraph()
+    g.store().save(tmp_path / "g", progress=False)
+    live = LiveGraph(tmp_path / "g", with_features=True)
+    n = live.topology.num_nodes
+    row = np.zeros((1, 5), np.float32)
+    row[0, :3] = 2.0
+    live.apply(
+        MutationBatch(
+            add_node_ids=[555_001], add_node_features=np.ones((1, 3), np.float32),
+            add_node_type="user", set_node_ids=[555_001], set_features=row,
+            set_node_type="user",
+        )
+    )  # fmt: skip
+    assert live.store().features[n].tolist() == row[0].tolist()
 
 
 def test_graphs_without_own_ids_refuse_typed_nodes_naming_why(tmp_path):
