@@ -71,14 +71,22 @@ def reference(model: nn.Module, hg) -> torch.Tensor:
         return model(g, g.ndata["feat"], g.ndata[dgl.NTYPE], g.edata[dgl.ETYPE])
 
 
-@pytest.mark.parametrize("one_edge_chunks", [False, True])
+@pytest.mark.parametrize("chunks", ["default", "one edge", "keys per chunk"])
 @pytest.mark.parametrize("use_norm", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_hgtconv_equals_its_full_graph_forward(seed, use_norm, one_edge_chunks, monkeypatch):
+def test_hgtconv_equals_its_full_graph_forward(seed, use_norm, chunks, monkeypatch):
     """Full and partial; with one edge per chunk too (:mod:`~.edge_chunks`: every chunk
-    boundary of the scores and the weighted sums crossed)."""
-    if one_edge_chunks:
+    boundary of the scores and the weighted sums crossed), and with keys and values
+    projected per chunk of edges (a hub's batch) instead of tables."""
+    if chunks == "one edge":
         monkeypatch.setattr(edge_chunks, "EDGE_CHUNK_BYTES", 1)
+    if chunks == "keys per chunk":
+        monkeypatch.setattr(edge_chunks, "KV_TABLE_BYTES", 0)
+        tables = []
+        keys_values = DGLHGTAdapter._keys_values
+        monkeypatch.setattr(
+            DGLHGTAdapter, "_keys_values", lambda *a: tables.append(1) or keys_values(*a)
+        )
     hg = heterograph(seed)
     torch.manual_seed(seed)
     model = HGT(len(hg.ntypes), len(hg.etypes), use_norm).eval()
@@ -92,6 +100,8 @@ def test_hgtconv_equals_its_full_graph_forward(seed, use_norm, one_edge_chunks, 
     n = want.shape[0]
     targets = torch.tensor([n - 1, 0, 61, 61, 100, n - 2])
     assert_exact(ev.evaluate(targets=targets), want[targets], f"hgt seed={seed} partial")
+    if chunks == "keys per chunk":
+        assert not tables  # no batch made a key/value table
     with torch.no_grad():  # the test can fail: other node type ids give other rows
         g = dgl.to_homogeneous(hg, ndata=["feat"])
         other = model(g, g.ndata["feat"], (g.ndata[dgl.NTYPE] + 1) % 3, g.edata[dgl.ETYPE])

@@ -17,17 +17,23 @@ in-edges). The relation maps are linear, so they move to the destinations:
 function, summed in another order. A batch projects each of its gathered source rows
 once (DGL's own forward multiplies every edge's key and value by its relation's
 matrices); no whole-layer ``[k | v]`` table is kept (``2F`` values a row: more than the
-layer's input and output together). The wide per-edge rows are made one chunk of edges at
-a time (:mod:`~.edge_chunks`). Then, as ``HGTConv`` does,
+layer's input and output together), and a hub's batch, whose table would outgrow
+:data:`~.edge_chunks.KV_TABLE_BYTES`, projects its sources per chunk of edges instead. The
+wide per-edge rows are made one chunk of edges at a time (:mod:`~.edge_chunks`). Then, as
+``HGTConv`` does,
 :math:`\mathrm{out}_i` = ``linear_a`` of :math:`m_i` by the destination's type, mixed with
 :math:`x_i` (or :math:`x_i W_{res}`) by the type's skip gate, then ``norm`` when set.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Callable
+from functools import partial
 
+import torch
+from torch import Tensor, nn
+
+from hopserve.worker.convs import edge_chunks as edge_chunk_sizes
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.dgl_conv import dgl_block
 from hopserve.worker.convs.edge_chunks import edge_chunks
@@ -43,6 +49,9 @@ def _typed(weight: Tensor, x: Tensor, types: Tensor) -> Tensor:
         rows = (types == t).nonzero().squeeze(1)
         out.index_copy_(0, rows, x.index_select(0, rows) @ weight[t])
     return out
+
+
+_RowMap = Callable[[Tensor], Tensor]
 
 
 class DGLHGTAdapter(ConvAdapter):
@@ -74,14 +83,14 @@ class DGLHGTAdapter(ConvAdapter):
         ntype, etype = self._inputs(batch)
         num_dst = batch.num_dst
         src, dst = batch.src_index, batch.dst_index
-        k, v = self._keys_values(x, ntype)
+        keys, values = self._source_maps(x, ntype)
         dst_types = ntype[:num_dst]
         x_dst = batch.dst_rows(x)
         q = _typed(conv.linear_q.get_weight(), x_dst, dst_types).view(num_dst, heads, dim)
         att = torch.stack([m.get_weight() for m in conv.relation_att])  # [H, R, D, D]
         msg = torch.stack([m.get_weight() for m in conv.relation_msg])
         pri = torch.stack(list(conv.relation_pri)) / conv.sqrt_d  # [H, R]
-        row_bytes = 3 * k.element_size() * f  # a chunk's gathered rows and their product
+        row_bytes = 3 * x.element_size() * f  # a chunk's gathered rows and their product
         score = x.new_empty(src.numel(), heads)
         relations = []
         for r in torch.unique(etype).tolist():
@@ -89,7 +98,7 @@ class DGLHGTAdapter(ConvAdapter):
             src_r, dst_r = src.index_select(0, on), dst.index_select(0, on)
             q_rel = torch.einsum("nhd,hcd->nhc", q, att[:, r]).contiguous()  # A_{h,r} q_i
             for c in edge_chunks(on.numel(), row_bytes):
-                k_j = k.index_select(0, src_r[c]).view(-1, heads, dim)
+                k_j = keys(src_r[c]).view(-1, heads, dim)
                 score[on[c]] = (q_rel.index_select(0, dst_r[c]) * k_j).sum(-1) * pri[:, r]
             relations.append((r, on, src_r, dst_r))
         alpha = dgl.ops.edge_softmax(dgl_block(batch), score)  # over each dst's in-edges
@@ -99,7 +108,7 @@ class DGLHGTAdapter(ConvAdapter):
             a = alpha.index_select(0, on)
             agg = x.new_zeros(num_dst, heads, dim)
             for c in edge_chunks(on.numel(), row_bytes):
-                v_j = v.index_select(0, src_r[c]).view(-1, heads, dim)
+                v_j = values(src_r[c]).view(-1, heads, dim)
                 agg.index_add_(0, dst_r[c], v_j * a[c].unsqueeze(-1))
             m += torch.einsum("nhc,hcd->nhd", agg, msg[:, r])
         h = conv.drop(_typed(conv.linear_a.get_weight(), m.view(num_dst, f), dst_types))
@@ -109,6 +118,24 @@ class DGLHGTAdapter(ConvAdapter):
         else:
             h = h * gate + x_dst * (1 - gate)
         return conv.norm(h) if conv.use_norm else h
+
+    def _source_maps(self, x: Tensor, ntype: Tensor) -> tuple[_RowMap, _RowMap]:
+        """``(keys, values)``: each maps source rows ``idx`` of ``x`` (node types ``ntype``)
+        to their ``k`` / ``v`` (``[len(idx), F]``), read from tables of every row, or
+        projected per call when those would outgrow :data:`~.edge_chunks.KV_TABLE_BYTES`
+        (a hub's batch)."""
+        f = self.conv.num_heads * self.conv.head_size
+        if x.shape[0] * 2 * f * x.element_size() > edge_chunk_sizes.KV_TABLE_BYTES:
+            conv = self.conv
+
+            def project(linear: nn.Module) -> _RowMap:
+                return lambda idx: _typed(
+                    linear.get_weight(), x.index_select(0, idx), ntype.index_select(0, idx)
+                )
+
+            return project(conv.linear_k), project(conv.linear_v)
+        k, v = self._keys_values(x, ntype)
+        return partial(torch.index_select, k, 0), partial(torch.index_select, v, 0)
 
     def _keys_values(self, x: Tensor, ntype: Tensor) -> tuple[Tensor, Tensor]:
         """``(k, v)`` of rows ``x`` of node types ``ntype`` (``[rows, F]`` each, contiguous:

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["EDGE_CHUNK_BYTES", "edge_chunks"]
+__all__ = ["EDGE_CHUNK_BYTES", "KV_TABLE_BYTES", "edge_chunks"]
 
 EDGE_CHUNK_BYTES = 8 << 20
 """Workspace of one chunk's per-edge rows (within the CPU batch target's margin)."""
+
+KV_TABLE_BYTES = 16 << 20
+"""Largest table of projected source rows (HGT's keys and values) a batch keeps; past it (a
+hub batched alone: one row cannot be split) sources are projected per chunk of edges, a few
+more multiply-adds and no table."""
 
 
 def edge_chunks(num_edges: int, row_bytes: int, workspace: int | None = None) -> Iterator[slice]:

@@ -18,11 +18,12 @@ linear, so they move to the destinations:
 function, summed in another order.
 
 So a batch projects each of its (gathered) source rows once (:math:`k_j, v_j`), never
-per relation; a batch whose ``[k | v]`` rows would outgrow :data:`KV_TABLE_BYTES` (a hub
-batched alone: one row cannot be split, and its sources can be a tenth of the graph)
-projects each chunk of edges' sources as it reads them instead, so its workspace stays a
-chunk's whatever the hub's degree. The generic path (:class:`~.hetero.DictConvAdapter`, the conv on
-the batch's typed subgraph) projects every source through every relation map. No
+per relation; a batch whose ``[k | v]`` rows would outgrow
+:data:`~.edge_chunks.KV_TABLE_BYTES` (a hub batched alone: one row cannot be split, and
+its sources can be a tenth of the graph) projects each chunk of edges' sources as it reads
+them instead, so its workspace stays a chunk's whatever the hub's degree. The generic path
+(:class:`~.hetero.DictConvAdapter`, the conv on the batch's typed subgraph) projects every
+source through every relation map. No
 whole-layer ``[k | v]`` table is kept: at ``2F`` values a row it would outweigh the layer's
 input and output together. The wide per-edge rows are made one chunk of edges at a time
 (:mod:`~.edge_chunks`): the scores of every in-edge, their softmax, then the weighted
@@ -40,16 +41,13 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from hopserve.worker.convs import edge_chunks as edge_chunk_sizes
 from hopserve.worker.convs.base import LayerBatch
 from hopserve.worker.convs.edge_chunks import edge_chunks
 from hopserve.worker.convs.hetero import DictConvAdapter
 from hopserve.worker.hetero.modules import DictConvLayer
 
-__all__ = ["KV_TABLE_BYTES", "HGTAdapter", "is_plain_hgt"]
-
-KV_TABLE_BYTES = 16 << 20
-"""Largest ``[k | v]`` table of a batch's gathered sources; past it (a hub's batch) keys and
-values are projected per chunk of edges (a few more multiply-adds, no table)."""
+__all__ = ["HGTAdapter", "is_plain_hgt"]
 
 
 def is_plain_hgt(layer: DictConvLayer) -> bool:
@@ -139,12 +137,12 @@ class HGTAdapter(DictConvAdapter):
         """``(keys, values)``: each maps source rows ``idx`` of ``x`` (storage ids
         ``node_ids``) to their ``k`` / ``v`` (``[len(idx), F]``), read from a ``[k | v]``
         table of every row, or projected per call when that table would outgrow
-        :data:`KV_TABLE_BYTES`."""
+        :data:`~.edge_chunks.KV_TABLE_BYTES`."""
         layer: DictConvLayer = self.conv
         f = layer.conv.out_channels
         types = layer.layout.types_of(node_ids, x.shape[0], x.device)
         k_part, v_part = slice(0, f), slice(2 * f, 3 * f)
-        if x.shape[0] * 2 * f * x.element_size() > KV_TABLE_BYTES:
+        if x.shape[0] * 2 * f * x.element_size() > edge_chunk_sizes.KV_TABLE_BYTES:
 
             def project(part: slice) -> _RowMap:
                 def rows_of(idx: Tensor) -> Tensor:

@@ -287,7 +287,7 @@ def test_hgt_projects_a_hubs_keys_and_values_per_chunk_of_edges(monkeypatch):
     monkeypatch.setattr(hgt.HGTAdapter, "_projected", spy)
     check_dict_model(model, data, "HGT, [k | v] tables")
     assert any(parts == 2 for _, parts in calls)
-    monkeypatch.setattr(hgt, "KV_TABLE_BYTES", 0)
+    monkeypatch.setattr(edge_chunks, "KV_TABLE_BYTES", 0)
     calls.clear()
     check_dict_model(model, data, "HGT, keys and values per chunk")
     assert all(parts == 1 for _, parts in calls) and max(rows for rows, _ in calls) > 1
