@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hopserve.worker.graph.ids import first_duplicate
+from hopserve.worker.graph.ids import IdIndex, first_duplicate
 
 __all__ = [
     "InvalidUpdateError",
@@ -447,12 +447,7 @@ def _typed_ends(graph, src, dst, relation: np.ndarray, what: str, new: _NewTyped
         for r in np.unique(relation).tolist():
             on = np.flatnonzero(relation == r)
             node_type = relation_triple(graph.meta.relations[r])[part]
-            store_wide[on], found = graph.find_typed(ids[on], node_type)
-            if new is not None and node_type == new.name and not found.all():
-                miss = on[~found]
-                hit = _positions_in(new.own_ids, ids[miss])
-                store_wide[miss[hit >= 0]] = new.store_wide[hit[hit >= 0]]
-                found[~found] = hit >= 0
+            store_wide[on], found = _find_typed(graph, ids[on], node_type, new)
             bad[on] = ~found
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -465,13 +460,25 @@ def _typed_ends(graph, src, dst, relation: np.ndarray, what: str, new: _NewTyped
     return ends[0], ends[1]
 
 
-def _positions_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Index of each of ``ids`` in ``values`` (distinct), ``-1`` where absent."""
-    order = np.argsort(values, kind="stable")
-    pos = np.minimum(np.searchsorted(values[order], ids), max(values.size - 1, 0))
-    hit = values.size > 0
-    found = (values[order][pos] == ids) if hit else np.zeros(ids.size, dtype=bool)
-    return np.where(found, order[pos] if hit else -1, -1)
+def _find_typed(
+    graph,
+    ids: np.ndarray,
+    node_type: str,
+    new: _NewTyped | None,  # noqa: ANN001
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(store-wide IDs, found)`` of IDs within ``node_type`` (``-1`` where the type has no
+    such ID), the batch's ``new`` nodes of that type included.
+
+    Raises:
+        KeyError: no such type.
+    """
+    store_wide, found = graph.find_typed(ids, node_type)
+    if new is not None and node_type == new.name and not found.all():
+        miss = np.flatnonzero(~found)
+        at, hit = IdIndex(new.own_ids, new.own_ids.size).find(ids[miss])
+        store_wide[miss[hit]] = new.store_wide[at[hit]]
+        found[miss[hit]] = True
+    return store_wide, found
 
 
 def _storage_of(graph, store_wide: np.ndarray, new: _NewTyped | None) -> np.ndarray:  # noqa: ANN001
@@ -498,8 +505,12 @@ def _check_removed_relations(graph, src, dst, relation, batch: MutationBatch) ->
 
 
 def _typed_nodes(
-    graph, ids: np.ndarray, node_type: str, what: str, new: _NewTyped | None = None
-) -> np.ndarray:  # noqa: ANN001, E501
+    graph,
+    ids: np.ndarray,
+    node_type: str,
+    what: str,
+    new: _NewTyped | None = None,  # noqa: ANN001
+) -> np.ndarray:
     """Storage ids of IDs within ``node_type`` (naming an unknown type or the first ID the
     type lacks); ``new``: nodes the batch adds, found by their type and ID too."""
     if graph.meta.node_types is None:
@@ -507,14 +518,9 @@ def _typed_nodes(
             f"{what}.node_type: {node_type!r} given, but the graph's nodes are untyped"
         )
     try:
-        store_wide, found = graph.find_typed(ids, node_type)
+        store_wide, found = _find_typed(graph, ids, node_type, new)
     except KeyError as err:
         raise InvalidUpdateError(f"{what}.node_type: {err.args[0]}") from None
-    if new is not None and node_type == new.name and not found.all():
-        miss = np.flatnonzero(~found)
-        hit = _positions_in(new.own_ids, ids[miss])
-        store_wide[miss[hit >= 0]] = new.store_wide[hit[hit >= 0]]
-        found[miss[hit >= 0]] = True
     if not found.all():
         i = int(np.flatnonzero(~found)[0])
         raise InvalidUpdateError(f"{what}[{i}]: {int(ids[i])} is not a {node_type!r} node ID")
