@@ -33,10 +33,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs import edge_chunks as edge_chunk_sizes
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.dgl_conv import dgl_block
-from hopserve.worker.convs.edge_chunks import edge_chunks
+from hopserve.worker.convs.edge_chunks import edge_chunks, kv_table_fits
 
 __all__ = ["DGLHGTAdapter"]
 
@@ -44,11 +43,21 @@ __all__ = ["DGLHGTAdapter"]
 def _typed(weight: Tensor, x: Tensor, types: Tensor) -> Tensor:
     """DGL ``TypedLinear`` (no bias) of ``weight`` ``[num_types, in, out]``: row ``i``
     times its type's matrix, one GEMM a type."""
-    out = x.new_zeros(x.shape[0], weight.shape[2])
+    return _typed_split(weight, x, types, (weight.shape[2],))[0]
+
+
+def _typed_split(
+    weight: Tensor, x: Tensor, types: Tensor, widths: tuple[int, ...]
+) -> tuple[Tensor, ...]:
+    """:func:`_typed`'s product (one GEMM a type), its columns split into contiguous
+    tables ``widths`` wide."""
+    outs = tuple(x.new_zeros(x.shape[0], w) for w in widths)
     for t in torch.unique(types).tolist():
         rows = (types == t).nonzero().squeeze(1)
-        out.index_copy_(0, rows, x.index_select(0, rows) @ weight[t])
-    return out
+        y = x.index_select(0, rows) @ weight[t]
+        for out, part in zip(outs, y.split(widths, dim=1), strict=True):
+            out.index_copy_(0, rows, part)
+    return outs
 
 
 _RowMap = Callable[[Tensor], Tensor]
@@ -125,7 +134,7 @@ class DGLHGTAdapter(ConvAdapter):
         projected per call when those would outgrow :data:`~.edge_chunks.KV_TABLE_BYTES`
         (a hub's batch)."""
         f = self.conv.num_heads * self.conv.head_size
-        if x.shape[0] * 2 * f * x.element_size() > edge_chunk_sizes.KV_TABLE_BYTES:
+        if not kv_table_fits(x.shape[0], 2 * f * x.element_size()):
             conv = self.conv
 
             def project(linear: nn.Module) -> _RowMap:
@@ -142,10 +151,5 @@ class DGLHGTAdapter(ConvAdapter):
         a row gather from one strided ``[k | v]`` table was ~3x slower)."""
         f = self.conv.num_heads * self.conv.head_size
         weight = torch.cat([self.conv.linear_k.get_weight(), self.conv.linear_v.get_weight()], 2)
-        k, v = x.new_zeros(x.shape[0], f), x.new_zeros(x.shape[0], f)
-        for t in torch.unique(ntype).tolist():  # one grouping of the rows, one GEMM a type
-            rows = (ntype == t).nonzero().squeeze(1)
-            kv = x.index_select(0, rows) @ weight[t]
-            k.index_copy_(0, rows, kv[:, :f])
-            v.index_copy_(0, rows, kv[:, f:])
+        k, v = _typed_split(weight, x, ntype, (f, f))  # one grouping of the rows
         return k, v

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["EDGE_CHUNK_BYTES", "KV_TABLE_BYTES", "edge_chunks"]
+__all__ = ["EDGE_CHUNK_BYTES", "KV_TABLE_BYTES", "edge_chunks", "kv_table_fits"]
 
 EDGE_CHUNK_BYTES = 8 << 20
 """Workspace of one chunk's per-edge rows (within the CPU batch target's margin)."""
@@ -32,3 +32,9 @@ def edge_chunks(num_edges: int, row_bytes: int, workspace: int | None = None) ->
     step = max(1, workspace // max(1, row_bytes))
     for start in range(0, num_edges, step):
         yield slice(start, min(num_edges, start + step))
+
+
+def kv_table_fits(num_rows: int, row_bytes: int) -> bool:
+    """Whether a table of ``num_rows`` projected source rows of ``row_bytes`` each stays
+    within :data:`KV_TABLE_BYTES`."""
+    return num_rows * row_bytes <= KV_TABLE_BYTES

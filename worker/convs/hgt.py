@@ -41,9 +41,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs import edge_chunks as edge_chunk_sizes
 from hopserve.worker.convs.base import LayerBatch
-from hopserve.worker.convs.edge_chunks import edge_chunks
+from hopserve.worker.convs.edge_chunks import edge_chunks, kv_table_fits
 from hopserve.worker.convs.hetero import DictConvAdapter
 from hopserve.worker.hetero.modules import DictConvLayer
 
@@ -142,7 +141,7 @@ class HGTAdapter(DictConvAdapter):
         f = layer.conv.out_channels
         types = layer.layout.types_of(node_ids, x.shape[0], x.device)
         k_part, v_part = slice(0, f), slice(2 * f, 3 * f)
-        if x.shape[0] * 2 * f * x.element_size() > edge_chunk_sizes.KV_TABLE_BYTES:
+        if not kv_table_fits(x.shape[0], 2 * f * x.element_size()):
 
             def project(part: slice) -> _RowMap:
                 def rows_of(idx: Tensor) -> Tensor:
@@ -154,9 +153,9 @@ class HGTAdapter(DictConvAdapter):
 
             return project(k_part), project(v_part)
         rows = {t: (types == t).nonzero().squeeze(1) for t in layer.in_widths}
-        k, v = self._projected(x, rows, (k_part, v_part))  # two contiguous tables: a
-        return partial(torch.index_select, k, 0), partial(torch.index_select, v, 0)  # row
-        # gather from one strided [k | v] table was ~3x slower
+        # Two contiguous tables: a row gather from one strided [k | v] table was ~3x slower.
+        k, v = self._projected(x, rows, (k_part, v_part))
+        return partial(torch.index_select, k, 0), partial(torch.index_select, v, 0)
 
     def _projected(
         self, x: Tensor, rows: dict[int, Tensor], parts: tuple[slice, ...]

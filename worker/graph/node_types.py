@@ -90,6 +90,13 @@ class NodeTypeInfo(BaseModel):
         parts = [np.arange(s, s + c, dtype=np.int64) for s, c in self.ranges]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def entries(self, values: Any) -> np.ndarray:
+        """The type's entries of a per-node array ``values`` ``[N, ...]``, in slot order:
+        the base range (a view), then each added run."""
+        if not self.added:
+            return values[self.offset : self.offset + self.count]
+        return np.asarray(values)[self.ids()]
+
     def added_ids(self, j: np.ndarray) -> np.ndarray:
         """int64: the id (store-wide = storage) of the type's ``j``-th added nodes
         (``0 <= j < total - count``)."""
@@ -184,7 +191,7 @@ def check_type_node_ids(ids: Any, types: Sequence[NodeTypeInfo]) -> np.ndarray:
         )
     arr = arr.astype(np.int64, copy=False)
     for t in types:
-        own = arr[t.ids()] if t.added else arr[t.offset : t.offset + t.count]
+        own = t.entries(arr)
         hit = first_duplicate(own)
         if hit is not None:
             row, first = hit

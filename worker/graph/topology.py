@@ -271,10 +271,7 @@ class GraphTopology:
         cache = self.__dict__.setdefault("_type_indexes", {})
         if name not in cache:
             t = self.node_type(name)
-            if t.added:
-                own = np.asarray(self.type_node_ids)[t.ids()]
-            else:
-                own = self.type_node_ids[t.offset : t.offset + t.count]
+            own = t.entries(self.type_node_ids)
             try:
                 cache[name] = IdIndex(np.asarray(own), t.total)
             except ValueError as e:

@@ -37,6 +37,7 @@ class TypeRanges:
         """Take the ranges of node types ``types`` (a graph's ``node_types``)."""
         starts, kinds = type_bounds(types)
         self.bounds = (tuple(starts.tolist()), tuple(kinds.tolist()))  # one assignment
+        self.source = types  # the list they were read from (a snapshot's meta keeps it)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class TypeLayout:
         Raises:
             ModelTraceError: ``graph``'s node types or relations are not this layout's.
         """
+        if getattr(graph, "node_types", None) is self.ranges.source:
+            return  # bound already (every typed adapter of a run binds it)
         other = TypeLayout.from_graph(graph)
         if other is None:
             return

@@ -589,14 +589,13 @@ def resolve(batch: MutationBatch, graph, seq: int) -> ResolvedBatch:  # graph: G
     if typed is not None:  # new IDs within their type; store-wide N, N+1, ...
         new_rows = _typed_rows(batch.add_node_features, graph, typed)
         new_ids = typed.store_wide
-    elif new_ids.size:
-        _, found = graph.find(new_ids)
+    else:
+        found = graph.find(new_ids)[1] if new_ids.size else np.zeros(0, dtype=bool)
         if found.any():
             i = int(np.flatnonzero(found)[0])
             raise InvalidUpdateError(
                 f"add_nodes[{i}]: node ID {int(new_ids[i])} is already in the graph"
             )
-    if typed is None:
         new_rows = _rows(batch.add_node_features, new_ids.size, dim, "add_nodes")
     order = np.argsort(new_ids, kind="stable")
     sorted_new = new_ids[order]

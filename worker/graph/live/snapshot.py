@@ -366,8 +366,7 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
         )
         base_ids = np.arange(n_before, dtype=np.int64) if node_ids is None else node_ids
         node_ids = np.concatenate([base_ids, batch.new_node_ids])
-    typed = _typed_nodes(snap, batch) if k else {}
-    type_node_ids = typed.pop("type_node_ids", snap.type_node_ids)
+    typed, type_node_ids = _typed_nodes(snap, batch) if k else ({}, snap.type_node_ids)
     meta = snap.meta.model_copy(
         update={
             "num_nodes": n,
@@ -403,9 +402,9 @@ def apply_batch(snap: GraphSnapshot, batch: ResolvedBatch) -> GraphSnapshot:
     return out
 
 
-def _typed_nodes(snap: GraphSnapshot, batch: ResolvedBatch) -> dict:
-    """The meta fields (and ``type_node_ids``) of a typed graph after ``batch`` appends its
-    new nodes as a run of their type; ``{}`` on an untyped graph.
+def _typed_nodes(snap: GraphSnapshot, batch: ResolvedBatch) -> tuple[dict, np.ndarray | None]:
+    """``(meta fields, type_node_ids)`` of a typed graph after ``batch`` appends its new
+    nodes as a run of their type; ``({}, None)`` on an untyped graph.
 
     Raises:
         InvalidUpdateError: the batch's new nodes lack their type on a typed graph, or
@@ -415,7 +414,7 @@ def _typed_nodes(snap: GraphSnapshot, batch: ResolvedBatch) -> dict:
     k = batch.new_node_ids.size
     has_type = batch.new_node_type is not None and batch.new_type_node_ids is not None
     if types is None and not has_type:
-        return {}
+        return {}, None
     if types is None or not has_type or snap.type_node_ids is None:
         raise InvalidUpdateError(
             f"batch {batch.seq} adds {k} node(s) "
@@ -429,11 +428,8 @@ def _typed_nodes(snap: GraphSnapshot, batch: ResolvedBatch) -> dict:
         )
     types = list(types)
     types[index] = types[index].with_added(snap.num_nodes, k)
-    return {
-        "node_types": types,
-        "format_version": NODES_ADDED_FORMAT_VERSION,
-        "type_node_ids": np.concatenate([np.asarray(snap.type_node_ids), batch.new_type_node_ids]),
-    }
+    own_ids = np.concatenate([np.asarray(snap.type_node_ids), batch.new_type_node_ids])
+    return {"node_types": types, "format_version": NODES_ADDED_FORMAT_VERSION}, own_ids
 
 
 def _edge_data(
