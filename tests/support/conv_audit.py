@@ -74,6 +74,9 @@ class Case:
     edge: str = ""
     edge_dim: int = 3  # width of the edge features when ``edge`` takes them
     first_output: bool = False  # the conv returns a tuple: the model uses its node rows [0]
+    # A second per-node input the model computes: "x_0" (the initial representation, GCNII),
+    # "pos" (positions: the first 3 feature columns), "pos+normal" (and normals, the next 3).
+    node_input: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     ),
     "SignedConv": (Case(_c(first_aggr=True)),),
     "DNAConv": (Case(lambda cls, i, o: cls(i, heads=2), same_width=True, history=True),),
-    "PointNetConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 3, o))),),
+    "PointNetConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 3, o)), node_input="pos"),),
     "GMMConv": (Case(_c(dim=D_EDGE, kernel_size=3), edge="edge_attr"),),
     "SplineConv": (Case(_c(dim=2, kernel_size=3)),),
     "NNConv": (Case(lambda cls, i, o: cls(i, o, nn=nn.Linear(D_EDGE, i * o)), edge="edge_attr"),),
@@ -194,9 +197,11 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
     "EdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), aggr="max")),),
     "DynamicEdgeConv": (Case(lambda cls, i, o: cls(_mlp(2 * i, o), k=3)),),
     "XConv": (Case(_c(dim=3, kernel_size=4)),),
-    "PPFConv": (Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 4, o))),),
+    "PPFConv": (
+        Case(lambda cls, i, o: cls(local_nn=nn.Linear(i + 4, o)), node_input="pos+normal"),
+    ),
     "FeaStConv": (Case(_c(heads=2)),),
-    "PointTransformerConv": (Case(_c()),),
+    "PointTransformerConv": (Case(_c(), node_input="pos"),),
     "HypergraphConv": (Case(_c()),),
     "LEConv": (Case(_c()), Case(_c(), "edge_weight", edge="edge_weight")),
     "PNAConv": (
@@ -224,7 +229,22 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
         Case(_c(aggr="powermean", learn_p=True), "powermean"),
         Case(_c(edge_dim=D_EDGE), "edge_dim=3", edge="edge_attr"),
     ),
-    "GCN2Conv": (Case(lambda cls, i, o: cls(i, alpha=0.1), same_width=True),),
+    "GCN2Conv": (
+        Case(lambda cls, i, o: cls(i, alpha=0.1), same_width=True, node_input="x_0"),
+        Case(
+            lambda cls, i, o: cls(i, alpha=0.1, theta=0.5, layer=2, shared_weights=False),
+            "theta, two weights",
+            same_width=True,
+            node_input="x_0",
+        ),
+        Case(
+            lambda cls, i, o: cls(i, alpha=0.2),
+            "edge_weight",
+            same_width=True,
+            node_input="x_0",
+            edge="edge_weight",
+        ),
+    ),
     "PANConv": (Case(_c(filter_size=2)),),
     "WLConv": (Case(_same(), same_width=True),),
     "WLConvContinuous": (Case(_same(), same_width=True),),
@@ -233,7 +253,16 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
         Case(_c(num_relations=RELATIONS), f"num_relations={RELATIONS}", edge="edge_type"),
     ),
     "SuperGATConv": (Case(lambda cls, i, o: cls(i, _heads(o), heads=2)),),
-    "FAConv": (Case(lambda cls, i, o: cls(i), same_width=True),),
+    "FAConv": (
+        Case(lambda cls, i, o: cls(i), same_width=True, node_input="x_0"),
+        Case(
+            lambda cls, i, o: cls(i, eps=0.3, normalize=False),
+            "normalize=False, edge_weight",
+            same_width=True,
+            node_input="x_0",
+            edge="edge_weight",
+        ),
+    ),
     "EGConv": (
         Case(_c(num_heads=2, num_bases=2)),
         Case(
@@ -271,6 +300,7 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
         Case(
             lambda cls, i, o: cls(mlp_h=_mlp(i, 3), mlp_f=_mlp(i + 3, i), mlp_g=_mlp(i, i)),
             same_width=True,
+            node_input="pos",
         ),
     ),
     "GPSConv": (
@@ -333,7 +363,15 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
             first_output=True,
         ),
     ),
-    "EGNNConv": (Case(lambda cls, i, o: cls(i, 8, o)),),
+    "EGNNConv": (
+        Case(lambda cls, i, o: cls(i, 8, o), node_input="pos"),
+        Case(
+            lambda cls, i, o: cls(i, 8, o, edge_feat_size=D_EDGE),
+            "edge_feat_size=3",
+            node_input="pos",
+            edge="edge_feat",
+        ),
+    ),
     "GATConv": (
         Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),
         Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2), "edge_weight", edge="edge_weight"),
@@ -341,7 +379,22 @@ DGL_CASES: dict[str, tuple[Case, ...]] = {
     "GatedGCNConv": (Case(lambda cls, i, o: cls(i, 3, o), edge="edge_feat", first_output=True),),
     "GatedGraphConv": (Case(lambda cls, i, o: cls(i, i, n_steps=2, n_etypes=1), same_width=True),),
     "GATv2Conv": (Case(lambda cls, i, o: cls(i, _heads(o), num_heads=2)),),
-    "GCN2Conv": (Case(lambda cls, i, o: cls(i, layer=1), same_width=True),),
+    "GCN2Conv": (
+        Case(lambda cls, i, o: cls(i, layer=1), same_width=True, node_input="x_0"),
+        Case(
+            lambda cls, i, o: cls(i, layer=2, lambda_=0.5, project_initial_features=False),
+            "two weights",
+            same_width=True,
+            node_input="x_0",
+        ),
+        Case(
+            lambda cls, i, o: cls(i, layer=1),
+            "edge_weight",
+            same_width=True,
+            node_input="x_0",
+            edge="edge_weight",
+        ),
+    ),
     "GINConv": (Case(lambda cls, i, o: cls(_mlp(i, o), "sum", learn_eps=True)),),
     "GINEConv": (
         Case(lambda cls, i, o: cls(_mlp(i, i)), same_width=True, edge="edge_feat", edge_dim=8),
@@ -508,6 +561,47 @@ class PyGNodeTypedTwoConvs(nn.Module):
         return self.conv2(h, edge_index, node_type, edge_type, edge_attr)
 
 
+class PyGInitialResidual(nn.Module):
+    """``x_0 = relu(inp(x))``, then ``conv2(relu(conv1(x_0, x_0)), x_0)``: every conv reads
+    the initial representation too (GCNII's and FAGCN's use)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, x, edge_index):
+        x_0 = self.inp(x).relu()
+        h = self.conv1(x_0, x_0, edge_index).relu()
+        return self.conv2(h, x_0, edge_index)
+
+
+class PyGWeightedInitialResidual(PyGInitialResidual):
+    """:class:`PyGInitialResidual` with the graph's edge weights."""
+
+    def forward(self, x, edge_index, edge_weight):
+        x_0 = self.inp(x).relu()
+        h = self.conv1(x_0, x_0, edge_index, edge_weight).relu()
+        return self.conv2(h, x_0, edge_index, edge_weight)
+
+
+class PyGPositions(nn.Module):
+    """Point-cloud convs: positions are the features' first 3 columns, normals (when the
+    conv takes them) the next 3, normalized: ``conv(h, pos[, normal], edge_index)``."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module, normals: bool) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2, self.normals = inp, conv1, conv2, normals
+
+    def forward(self, x, edge_index):
+        pos = x[:, :3]
+        if self.normals:
+            normal = torch.nn.functional.normalize(x[:, 3:6], dim=-1)
+            h = self.conv1(self.inp(x), pos, normal, edge_index).relu()
+            return self.conv2(h, pos, normal, edge_index)
+        h = self.conv1(self.inp(x), pos, edge_index).relu()
+        return self.conv2(h, pos, edge_index)
+
+
 class PyGHistory(nn.Module):
     """Convs reading the stack of earlier representations ``[N, L, C]`` (DNAConv's use)."""
 
@@ -565,6 +659,51 @@ class DGLTwoConvs(nn.Module):
         return self.conv2(g, h).flatten(1)
 
 
+class DGLInitialResidual(nn.Module):
+    """:class:`PyGInitialResidual`, DGL style: ``conv(g, h, x_0)``."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, g, x):
+        x_0 = self.inp(x).relu()
+        h = self.conv1(g, x_0, x_0).relu()
+        return self.conv2(g, h, x_0)
+
+
+class DGLWeightedInitialResidual(DGLInitialResidual):
+    """:class:`DGLInitialResidual` with the graph's edge weights."""
+
+    def forward(self, g, x, edge_weight):
+        x_0 = self.inp(x).relu()
+        h = self.conv1(g, x_0, x_0, edge_weight).relu()
+        return self.conv2(g, h, x_0, edge_weight)
+
+
+class DGLPositions(nn.Module):
+    """Coordinates are the features' first 3 columns: ``conv(g, h, pos)[0]`` (EGNN's node
+    rows; its updated coordinates are not used here)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, inp: nn.Module) -> None:
+        super().__init__()
+        self.inp, self.conv1, self.conv2 = inp, conv1, conv2
+
+    def forward(self, g, x):
+        pos = x[:, :3]
+        h = self.conv1(g, self.inp(x), pos)[0].relu()
+        return self.conv2(g, h, pos)[0]
+
+
+class DGLEdgeFeatPositions(DGLPositions):
+    """:class:`DGLPositions` with the graph's edge features."""
+
+    def forward(self, g, x, efeat):
+        pos = x[:, :3]
+        h = self.conv1(g, self.inp(x), pos, efeat)[0].relu()
+        return self.conv2(g, h, pos, efeat)[0]
+
+
 def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module:
     """Two convs of ``case`` in the library's model, seeded, in eval mode."""
     torch.manual_seed(seed)
@@ -573,6 +712,18 @@ def build_model(library: str, cls: type, case: Case, seed: int = 0) -> nn.Module
     else:
         inp, d1, d2, d3 = nn.Identity(), D_IN, HIDDEN, D_OUT
     conv1, conv2 = case.build(cls, d1, d2), case.build(cls, d2, d3)
+    if case.node_input == "x_0":
+        weighted = case.edge == "edge_weight"
+        if library == "dgl":
+            residual = DGLWeightedInitialResidual if weighted else DGLInitialResidual
+        else:
+            residual = PyGWeightedInitialResidual if weighted else PyGInitialResidual
+        return residual(conv1, conv2, inp).eval()
+    if case.node_input and library == "dgl":
+        positions = DGLEdgeFeatPositions if case.edge else DGLPositions
+        return positions(conv1, conv2, inp).eval()
+    if case.node_input.startswith("pos"):
+        return PyGPositions(conv1, conv2, inp, normals="normal" in case.node_input).eval()
     if case.edge == NODE_TYPED:
         typed = DGLNodeTypedTwoConvs if library == "dgl" else PyGNodeTypedTwoConvs
         return typed(conv1, conv2, inp).eval()

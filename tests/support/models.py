@@ -10,8 +10,10 @@ from torch import nn
 from torch_geometric.nn import (
     APPNP,
     EdgeConv,
+    FAConv,
     GATConv,
     GATv2Conv,
+    GCN2Conv,
     GCNConv,
     GINConv,
     GraphConv,
@@ -206,6 +208,29 @@ class OneConv(nn.Module):
         return self.conv(x, edge_index)
 
 
+class GCNII(nn.Module):
+    """GCNII as its authors' PyG example writes it: ``x_0 = relu(lin_in(x))``, then
+    ``layers`` initial-residual convs each reading ``x_0`` (``GCN2Conv``, or FAGCN's
+    ``FAConv`` with ``conv="fa"``), then ``lin_out``."""
+
+    def __init__(self, d_in: int, layers: int = 3, hidden: int = 8, conv: str = "gcn2"):
+        super().__init__()
+        self.lin_in = nn.Linear(d_in, hidden)
+        if conv == "gcn2":
+            self.convs = nn.ModuleList(
+                GCN2Conv(hidden, alpha=0.1, theta=0.5, layer=i + 1) for i in range(layers)
+            )
+        else:
+            self.convs = nn.ModuleList(FAConv(hidden, eps=0.2) for _ in range(layers))
+        self.lin_out = nn.Linear(hidden, 3)
+
+    def forward(self, x, edge_index):
+        x = x_0 = self.lin_in(x).relu()
+        for conv in self.convs:
+            x = conv(x, x_0, edge_index).relu()
+        return self.lin_out(x)
+
+
 class LinAPPNP(nn.Module):
     """``lin`` on the features, then APPNP over ``k`` hops: a K-hop conv, which the
     layer-wise engine refuses and the node-wise fallback serves."""
@@ -239,6 +264,7 @@ FAMILIES = {
     "weight_shared": lambda d: WeightShared(d),
     "transformer": lambda d: Transformer(d),
     "edgeconv": lambda d: DynamicEdge(d),
+    "gcnii": lambda d: GCNII(d),
 }
 
 

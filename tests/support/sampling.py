@@ -10,6 +10,7 @@ argument), gives the reference rows. Shared by the PyG and DGL suites through a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -48,7 +49,9 @@ def conv_layers(ev: LayerwiseEvaluator) -> dict[str, list[int]]:
 def convs_on(
     model: nn.Module, layers: dict[str, list[int]], graph_of: dict[int, object], arg: int
 ) -> Iterator[None]:
-    """Forward pre-hooks: a conv's call at layer ``l`` gets ``graph_of[l]`` as argument ``arg``.
+    """Forward pre-hooks: a conv's call at layer ``l`` gets ``graph_of[l]`` as argument ``arg``
+    (or as its ``edge_index`` argument, wherever its forward takes it: ``GCN2Conv(x, x_0,
+    edge_index)``).
 
     A conv module shared across layers is called once per layer in order; calls are counted.
     """
@@ -56,12 +59,14 @@ def convs_on(
     handles = []
     for name, at in layers.items():
         calls = [0]
+        params = list(inspect.signature(modules[name].forward).parameters)
+        where = params.index("edge_index") if "edge_index" in params else arg
 
-        def hook(module, args, at=at, calls=calls):
+        def hook(module, args, at=at, calls=calls, where=where):
             layer = at[calls[0] % len(at)]
             calls[0] += 1
             args = list(args)
-            args[arg] = graph_of[layer]
+            args[where] = graph_of[layer]
             return tuple(args)
 
         handles.append(modules[name].register_forward_pre_hook(hook))

@@ -201,6 +201,10 @@ class ConvAdapter(nn.Module):
     """
 
     accepts_edge_data = False
+    node_inputs: dict[str, str] = {}
+    """Extra per-node inputs the conv's calls take besides ``x`` (``{param: rows}``): the
+    split passes each to :meth:`run` by name, holding ``"src"`` rows (destination-first, as
+    ``x``) or ``"dst"`` rows only. A call with any other tensor argument is refused."""
 
     def __init__(self, conv: nn.Module) -> None:
         super().__init__()
@@ -370,15 +374,16 @@ class ConvAdapter(nn.Module):
         itself (CPU memory accounting): a per-source projection, say. Default: none."""
         return 0
 
-    def forward(self, x: Tensor, batch: LayerBatch) -> Tensor:
-        return self.run(x, batch)
+    def forward(self, x: Tensor, batch: LayerBatch, **node_inputs: Tensor) -> Tensor:
+        return self.run(x, batch, **node_inputs)
 
-    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+    def run(self, x: Tensor, batch: LayerBatch, **node_inputs: Tensor) -> Tensor:
         """Return the conv's output for the ``batch.num_dst`` destination rows.
 
         Args:
             x: source-side input ``[n_src, ...]`` (destination-first rows).
             batch: the batch's local structure.
+            node_inputs: the extra per-node inputs of :attr:`node_inputs`, on their rows.
         """
         raise NotImplementedError
 

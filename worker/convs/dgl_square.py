@@ -16,6 +16,12 @@ gets one extra self-looped node with zero data, so DGL creates the aggregated fi
 all (a zero-in-degree node's full-graph aggregate is zeros). A conv returning ``(node rows,
 edge rows)`` gives the destination rows of the first and its edge rows as they are: a
 model may use the node rows only (per-edge outputs cannot cross layers).
+
+``EGNNConv`` takes node coordinates besides ``x`` (``coord_feat``, a per-node input on
+source rows, see ``ConvAdapter.node_inputs``) and returns ``(h, coordinates)``, both node
+rows: ``node_outputs=2`` slices both to the destination rows. Its messages read the two
+ends of each edge (their coordinates' difference), and it averages coordinates over a
+destination's in-edges, which the batch holds.
 """
 
 from __future__ import annotations
@@ -32,23 +38,37 @@ class DGLSquareAdapter(ConvAdapter):
     accepts_edge_data = True
     qualname = ""
 
+    def __init__(self, conv, *, node_inputs: tuple[str, ...] = (), node_outputs: int = 1) -> None:  # noqa: ANN001
+        super().__init__(conv)
+        self.node_inputs = dict.fromkeys(node_inputs, "src")
+        self.node_outputs = node_outputs
+
     def prepare(self, graph) -> None:  # graph: GraphStore
         from hopserve.worker.convs.dgl_conv import check_zero_in_degree
 
         self.bind_edge_data(graph)
         check_zero_in_degree(self.conv, graph, self.qualname)
 
-    def run(self, x: Tensor, batch: LayerBatch) -> Tensor | tuple[Tensor, ...]:
+    def run(
+        self, x: Tensor, batch: LayerBatch, **node_inputs: Tensor
+    ) -> Tensor | tuple[Tensor, ...]:
         import dgl
 
         src, dst, n_src = batch.src_index, batch.dst_index, batch.num_src
         edge = self.edge_values(batch) if self.edge_inputs else {}
         if batch.num_edges == 0:  # one extra self-looped node (see the module doc)
             src = dst = torch.full((1,), n_src, dtype=src.dtype, device=src.device)
-            x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+            x = _one_more_row(x)
+            node_inputs = {k: _one_more_row(v) for k, v in node_inputs.items()}
             n_src += 1
             edge = {k: v.new_zeros((1, *v.shape[1:])) for k, v in edge.items()}
-        out = self.conv(dgl.graph((src, dst), num_nodes=n_src), x, **edge)
+        graph = dgl.graph((src, dst), num_nodes=n_src)
+        out = self.conv(graph, x, **node_inputs, **edge)
         if isinstance(out, tuple):
-            return (out[0][: batch.num_dst], *out[1:])
+            k = self.node_outputs
+            return (*(o[: batch.num_dst] for o in out[:k]), *out[k:])
         return out[: batch.num_dst]
+
+
+def _one_more_row(t: Tensor) -> Tensor:
+    return torch.cat([t, t.new_zeros((1, *t.shape[1:]))])

@@ -51,6 +51,19 @@ def _square(conv: nn.Module) -> ConvAdapter:
     return DGLSquareAdapter(conv)
 
 
+def _gcn2(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.dgl_gcn2 import DGLGCN2Adapter
+
+    return DGLGCN2Adapter(conv)
+
+
+def _egnn(conv: nn.Module) -> ConvAdapter:
+    """``EGNNConv``: coordinates as a per-node input, ``(h, coordinates)`` node outputs."""
+    from hopserve.worker.convs.dgl_square import DGLSquareAdapter
+
+    return DGLSquareAdapter(conv, node_inputs=("coord_feat",), node_outputs=2)
+
+
 def _graphconv(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.dgl_graphconv import DGLGraphConvAdapter
 
@@ -125,7 +138,6 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "SGConv": ("refused", None, "propagates k hops inside one module (and needs global degrees)"),
     "TAGConv": ("refused", None, "propagates k hops inside one module"),
     "ChebConv": ("refused", None, "K-hop Chebyshev filter with whole-graph Laplacian"),
-    "GCN2Conv": ("refused", None, "needs the initial-residual input and global degrees"),
     "TWIRLSConv": ("refused", None, "iterated propagation inside one module"),
     "TWIRLSUnfoldingAndAttention": ("refused", None, "iterated propagation inside one module"),
     "GatedGraphConv": (
@@ -173,7 +185,20 @@ ROWS: dict[str, tuple[str, object, str]] = {
         "radial pooling of each in-edge's distance (edge features of width 1), summed; "
         "square batch graph (it reads graph.ndata)" + EDGE_DATA,
     ),
-    "EGNNConv": ("refused", None, "needs node coordinates and edge features"),
+    "EGNNConv": (
+        "exact",
+        _egnn,
+        "messages from both ends and their coordinates' distance, summed; coordinates "
+        "(coord_feat, a per-node input the model computes) averaged over in-edges; square "
+        "batch graph (it reads graph.ndata)" + EDGE_DATA,
+    ),
+    "GCN2Conv": (
+        "adapted",
+        _gcn2,
+        "in-degree normalization from whole-graph degrees; the initial representation "
+        "feat_0 read on the destination rows (edge weights refused: EdgeWeightNorm over "
+        "weighted whole-graph degrees)",
+    ),
     "EdgeWeightNorm": (
         "refused",
         None,

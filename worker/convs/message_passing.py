@@ -22,6 +22,11 @@ Layout: for sum/mean aggregations on pair convs with a fused ``message_and_aggre
 the batch is passed as a sparse CSR ``adj_t`` (one SpMM, no ``[E, d]`` message tensor);
 otherwise as ``edge_index``.
 
+Positions: point-cloud convs (``PointNetConv``, ``PPFConv``, ``PointTransformerConv``,
+``PointGNNConv``) take per-node positions (and normals) besides ``x``, computed by the model
+from the features; they arrive as ``node_inputs`` on source rows and are passed by name,
+as pairs on pair convs. Every message reads ``pos_j - pos_i`` of its edge's two ends.
+
 Edge data: a conv called with ``edge_weight`` / ``edge_attr`` gets the store column's rows
 of the batch's edges (``column[batch.edge_ids]``), aligned with ``edge_index``, through the
 unfused path. Exactness is unchanged: every per-edge value a conv computes from its edge's
@@ -61,9 +66,17 @@ class MessagePassingAdapter(ConvAdapter):
 
     accepts_edge_data = True
 
-    def __init__(self, conv: nn.Module, *, pair: bool = True, fuse: bool = True) -> None:
+    def __init__(
+        self,
+        conv: nn.Module,
+        *,
+        pair: bool = True,
+        fuse: bool = True,
+        node_inputs: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(conv)
         self.pair = pair
+        self.node_inputs = dict.fromkeys(node_inputs, "src")
         aggr = getattr(conv, "aggr", None)
         # A square batch is never fused: its [B, n_src] adjacency is not square, and a
         # conv given one tensor would mix n_src root rows with B aggregated rows.
@@ -84,6 +97,7 @@ class MessagePassingAdapter(ConvAdapter):
             self.use_csr
             and self.pair
             and not self.edge_inputs
+            and not self.node_inputs
             and _aggregates_raw_sources(self.conv)
         )
 
@@ -93,8 +107,14 @@ class MessagePassingAdapter(ConvAdapter):
             return src_row_bytes + 4 * (1 + (self.edge_feature_dim or 0))
         return 12 if self.use_csr else src_row_bytes
 
-    def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
+    def run(self, x: Tensor, batch: LayerBatch, **node_inputs: Tensor) -> Tensor:
         n_dst = batch.num_dst
+        if node_inputs:  # by name: the conv's forward may take them before edge_index
+            edge = self.edge_values(batch)
+            if not self.pair:
+                return self.conv(x, edge_index=batch.edge_index, **node_inputs, **edge)[:n_dst]
+            pairs = {p: (t, t[:n_dst]) for p, t in node_inputs.items()}
+            return self.conv((x, x[:n_dst]), edge_index=batch.edge_index, **pairs, **edge)
         if self.edge_inputs:
             edge = self.edge_values(batch)
             if self.pair:

@@ -9,8 +9,13 @@ Three kinds of row (see :mod:`.registry`):
   batch, their destination rows sliced out;
 * adapted: a dedicated adapter supplies a whole-graph statistic (GCN-normalized convs)
   or runs an inner conv through its own adapter (``AntiSymmetricConv``);
-* refused, with the reason (K hops inside one module, edge types, relations, positions,
+* refused, with the reason (K hops inside one module, two edge sets, out-neighbours,
   dynamic graphs, heterogeneous graphs, another library's kernel).
+
+Second per-node inputs (``ConvAdapter.node_inputs``): the initial representation ``x_0``
+of ``GCN2Conv`` / ``FAConv`` (read on destination rows, :mod:`.gcn2`) and the positions /
+normals of the point-cloud convs (source rows, :mod:`.message_passing`), values the model
+computes from its features; the split passes them to the adapter by name.
 
 Edge data (the graph store's ``edge_weight`` / ``edge_features``): convs whose forward
 takes ``edge_weight`` or ``edge_attr`` get the rows of their batch's edges when the
@@ -39,7 +44,10 @@ DICT_MODEL = (
     "takes per-type dicts: served inside a dict model (forward(x_dict, edge_index_dict)) on "
     "a typed store, {how} (docs/heterogeneous.md); not inside a homogeneous model"
 )
-POSITIONS = "takes node positions (pos) as a second per-node input; convs take one feature input"
+POSITIONS = (
+    "; positions (and normals) are per-node inputs the model computes from the features, "
+    "read on the batch's source rows"
+)
 KNN = "builds its own k-nearest-neighbour graph from the features (no edge_index)"
 CUGRAPH = (
     "runs on cugraph-ops' CUDA kernels (pylibcugraphops); serve the equivalent PyG conv "
@@ -114,6 +122,29 @@ def _pdn(conv: nn.Module) -> ConvAdapter:
     from hopserve.worker.convs.gcn_norm import PDNConvAdapter
 
     return PDNConvAdapter(conv)
+
+
+def _gcn2(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn2 import GCN2Adapter
+
+    return GCN2Adapter(conv)
+
+
+def _fa(conv: nn.Module) -> ConvAdapter:
+    from hopserve.worker.convs.gcn2 import FAAdapter
+
+    return FAAdapter(conv)
+
+
+def _points(*inputs: str, pair: bool = True):  # noqa: ANN202 - a factory of factories
+    """Point-cloud convs: positions (and normals) as extra per-node inputs on source rows."""
+
+    def factory(conv: nn.Module) -> ConvAdapter:
+        from hopserve.worker.convs.message_passing import MessagePassingAdapter
+
+        return MessagePassingAdapter(conv, pair=pair, fuse=False, node_inputs=inputs)
+
+    return factory
 
 
 def _antisymmetric(conv: nn.Module) -> ConvAdapter:
@@ -229,13 +260,35 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "MixHopConv": ("refused", None, "mixes several powers of the adjacency"),
     "GatedGraphConv": ("refused", None, "num_layers steps of propagation inside one module"),
     "PANConv": ("refused", None, "sums adjacency powers up to filter_size inside one module"),
-    # -- refused: a second per-node input
-    "GCN2Conv": ("refused", None, "needs the initial-residual input x_0 and global degrees"),
-    "FAConv": ("refused", None, "needs the initial-residual input x_0 and global degrees"),
-    "PointNetConv": ("refused", None, POSITIONS),
-    "PPFConv": ("refused", None, POSITIONS + " (and normals)"),
-    "PointTransformerConv": ("refused", None, POSITIONS),
-    "PointGNNConv": ("refused", None, POSITIONS),
+    # -- exact / adapted: a second per-node input the model computes (x_0, positions)
+    "GCN2Conv": (
+        "adapted",
+        _gcn2,
+        "symmetric normalization from whole-graph degrees; the initial representation x_0 "
+        "read on the destination rows",
+    ),
+    "FAConv": (
+        "adapted",
+        _fa,
+        "tanh attention per in-edge over whole-graph symmetric normalization; x_0 read on "
+        "the destination rows",
+    ),
+    "PointNetConv": ("exact", _points("pos"), "max of MLP(x_j, pos_j - pos_i)" + POSITIONS),
+    "PPFConv": (
+        "exact",
+        _points("pos", "normal"),
+        "max of MLP(x_j, point pair features of pos and normal)" + POSITIONS,
+    ),
+    "PointTransformerConv": (
+        "exact",
+        _points("pos"),
+        "attention over in-neighbours with position encodings" + POSITIONS,
+    ),
+    "PointGNNConv": (
+        "exact",
+        _points("pos", pair=False),
+        "max of MLP(pos_j - pos_i + offset(x_i), x_j); square batch (one tensor)" + POSITIONS,
+    ),
     # -- refused: edge data the engine does not adapt (yet)
     "SplineConv": (
         "refused",

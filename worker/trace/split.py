@@ -31,7 +31,7 @@ from hopserve.worker.trace.probe import (
     probe_facts,
     relation_count,
 )
-from hopserve.worker.trace.splitter import DST, SRC, NodeFacts, partition
+from hopserve.worker.trace.splitter import DST, SRC, ConvArgs, NodeFacts, partition
 from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line, trace_model
 
 
@@ -52,7 +52,7 @@ def split_model(
     traced = trace_model(model)
     # Refuse unsupported convs before running anything: a conv that needs edge data or
     # another input would otherwise fail on the probe graph with an unrelated error.
-    adapters, adapter_names, conv_x = _conv_adapters(traced)
+    adapters, adapter_names, conv_args = _conv_adapters(traced)
     edge_dim, num_relations, num_node_types = _bind_edge_inputs(traced, adapters, adapter_names)
     ei, n = probe_edge_index(model, traced.style)
     x = torch.randn(n, feature_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
@@ -82,7 +82,7 @@ def split_model(
             f"{type(model).__name__} failed on a probe graph with {feature_dim}-dim features: "
             f"{type(err).__name__}: {err}"
         ) from err
-    split = _build_blocks(traced, facts, adapters, adapter_names, conv_x)
+    split = _build_blocks(traced, facts, adapters, adapter_names, conv_args)
     split.edge_args = dict(traced.edge_args)
     split.edge_feature_dim = edge_dim
     split.num_relations = num_relations
@@ -166,16 +166,17 @@ def _bind_edge_inputs(
 
 def _conv_adapters(
     traced: TracedModel,
-) -> tuple[nn.ModuleDict, dict[str, str], dict[fx.Node, fx.Node]]:
+) -> tuple[nn.ModuleDict, dict[str, str], dict[fx.Node, ConvArgs]]:
     """One adapter per conv *module* (weight sharing across layers keeps one adapter), the
-    adapter name of each conv, and each conv call's feature argument.
+    adapter name of each conv, and each conv call's per-node arguments.
 
     Raises:
-        ModelTraceError: a conv the support matrix refuses, or a call with extra inputs.
+        ModelTraceError: a conv the support matrix refuses, or a call with extra inputs
+            its adapter does not take.
     """
     adapters = nn.ModuleDict()
     adapter_names: dict[str, str] = {}
-    conv_x: dict[fx.Node, fx.Node] = {}
+    conv_args: dict[fx.Node, ConvArgs] = {}
     for c in traced.conv_nodes:
         qual = str(c.target)
         if qual not in adapter_names:
@@ -185,18 +186,20 @@ def _conv_adapters(
             except UnsupportedConvError as err:
                 raise ModelTraceError(f"{err} (used at {source_line(c)})") from err
             adapter_names[qual] = name
-        conv_x[c] = _conv_x_arg(traced, c)
-    return adapters, adapter_names, conv_x
+        conv_args[c] = _conv_node_args(traced, c, adapters[adapter_names[qual]])
+    return adapters, adapter_names, conv_args
 
 
-def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
-    """The feature argument of a conv call; refuse extra tensor arguments."""
+def _conv_node_args(traced: TracedModel, node: fx.Node, adapter) -> ConvArgs:  # noqa: ANN001
+    """The per-node arguments of a conv call; refuse tensor arguments its adapter does not
+    take (edge data and the graph come from the store, not from here)."""
     module = traced.conv_module(node)
     sig = inspect.signature(module.forward)
     try:
         bound = sig.bind(*node.args, **node.kwargs)
     except TypeError as err:
         raise ModelTraceError(f"conv '{node.target}' at {source_line(node)}: {err}") from err
+    store_inputs = {traced.graph_arg, *traced.edge_args}
     # The graph argument may come first (DGL: ``conv(graph, h)``) or second (PyG).
     params = [
         (name, val)
@@ -208,21 +211,30 @@ def _conv_x_arg(traced: TracedModel, node: fx.Node) -> fx.Node:
     if not params:
         raise ModelTraceError(f"conv '{node.target}' at {source_line(node)} has no input")
     x_name, x_val = params[0]
+    extra: dict[str, fx.Node] = {}
     for name, val in params[1:]:
-        is_graph = isinstance(val, fx.Node) and val.op == "placeholder"  # or edge data
-        if is_graph or val is None or val is sig.parameters[name].default:
+        from_store = (
+            isinstance(val, fx.Node) and val.op == "placeholder" and val.target in store_inputs
+        )
+        if from_store or val is None or val is sig.parameters[name].default:
             continue
+        if name in adapter.node_inputs and isinstance(val, fx.Node):
+            extra[name] = val
+            continue
+        takes = ", ".join(f"'{p}'" for p in adapter.node_inputs)
         raise ModelTraceError(
             f"conv '{node.target}' at {source_line(node)} is called with argument "
-            f"'{name}'; only (x, edge_index) calls, with edge data from the model's "
-            "edge_weight / edge_attr / edge_type arguments, are supported"
+            f"'{name}'; only (x, edge_index) calls"
+            + (f" with per-node {takes}" if takes else "")
+            + ", with edge data from the model's edge_weight / edge_attr / edge_type "
+            "arguments, are supported"
         )
     if not isinstance(x_val, fx.Node):
         raise ModelTraceError(
             f"conv '{node.target}' at {source_line(node)}: its input '{x_name}' must be one "
             "tensor (pair inputs are built by the engine)"
         )
-    return x_val
+    return ConvArgs(x_val, extra, {p: adapter.node_inputs[p] for p in extra})
 
 
 def _build_blocks(
@@ -230,20 +242,20 @@ def _build_blocks(
     facts: dict[fx.Node, NodeFacts],
     adapters: nn.ModuleDict,
     adapter_names: dict[str, str],
-    conv_x: dict[fx.Node, fx.Node],
+    conv_args: dict[fx.Node, ConvArgs],
 ) -> ModelSplit:
     graph = traced.gm.graph
     feature_node = next(
         n for n in graph.nodes if n.op == "placeholder" and n.target == traced.feature_arg
     )
-    conv_nodes = set(traced.conv_nodes)
     typed_nodes = {
         n
         for n in graph.nodes
         if n.op == "call_module"
         and getattr(traced.gm.get_submodule(str(n.target)), "needs_node_ids", False)
     }
-    part = partition(graph, feature_node, conv_nodes, facts)
+    _check_node_inputs(conv_args, facts)
+    part = partition(graph, feature_node, conv_args, facts)
     output = next(n for n in graph.nodes if n.op == "output")
     out_value = output.args[0]
     assert isinstance(out_value, fx.Node)
@@ -260,7 +272,7 @@ def _build_blocks(
         members = [n for n in feature_order if part.block_of[n] == m and n is not feature_node]
         if not members:
             continue
-        gen = _BlockCodegen(m, members, part, facts, conv_nodes, conv_x, adapter_names)
+        gen = _BlockCodegen(m, members, part, facts, conv_args, adapter_names)
         gen.typed_nodes = typed_nodes
         inputs = gen.add_inputs(feature_order, feature_node, output)
         for spec in inputs:
@@ -288,6 +300,18 @@ def _build_blocks(
     return split
 
 
+def _check_node_inputs(conv_args: dict[fx.Node, ConvArgs], facts: dict[fx.Node, NodeFacts]) -> None:
+    """Refuse an extra conv input that is not one row per node (a constant, a tuple)."""
+    for conv, args in conv_args.items():
+        for param, value in args.extra.items():
+            f = facts.get(value)
+            if f is None or not f.row or f.bundle:
+                raise ModelTraceError(
+                    f"conv '{conv.target}' at {source_line(conv)}: its input '{param}' "
+                    f"('{value.name}') must be a tensor with one row per node"
+                )
+
+
 def batch_row_ids(batch: LayerBatch, rows: str) -> Tensor | None:
     """Storage ids of a batch's ``rows`` (``"src"`` / ``"dst"``); ``None`` when they are the
     whole node table in storage order (global sources)."""
@@ -299,14 +323,14 @@ def batch_row_ids(batch: LayerBatch, rows: str) -> Tensor | None:
 class _BlockCodegen:
     """Emits one block's fx graph: inputs, copied ops, adapters for convs, dst slices."""
 
-    def __init__(self, index, members, part, facts, conv_nodes, conv_x, adapter_names) -> None:
+    def __init__(self, index, members, part, facts, conv_args, adapter_names) -> None:
         self.index = index
         self.members = members
         self.member_set = set(members)
         self.part = part
         self.facts = facts
-        self.conv_nodes = conv_nodes
-        self.conv_x = conv_x
+        self.conv_args = conv_args
+        self.conv_nodes = set(conv_args)
         self.adapter_names = adapter_names
         self.g = fx.Graph()
         self.batch = self.g.placeholder("batch")
@@ -318,9 +342,11 @@ class _BlockCodegen:
         self.typed_nodes: set[fx.Node] = set()  # node-wise modules told their rows' ids
         self.row_ids: dict[str, fx.Node] = {}
 
-    def need(self, user: fx.Node) -> str:
-        """Rows ``user`` reads its feature inputs on."""
-        return SRC if user in self.conv_nodes else self.part.rows_of[user]
+    def need(self, user: fx.Node, value: fx.Node) -> str:
+        """Rows ``user`` reads ``value`` on."""
+        if user in self.conv_nodes:
+            return self.conv_args[user].rows_of(value) or SRC
+        return self.part.rows_of[user]
 
     def rows(self, value: fx.Node) -> str:
         if value in self.member_set:
@@ -341,7 +367,7 @@ class _BlockCodegen:
                     f"'{n.name}' at {source_line(n)} crosses layers but is "
                     "not a tensor; cannot store it between layers"
                 )
-            rows = SRC if any(self.need(u) == SRC for u in readers) else DST
+            rows = SRC if any(self.need(u, n) == SRC for u in readers) else DST
             producer = FEATURES if n is feature_node else self.part.block_of[n]
             inputs.append(BlockInput(n.name, producer, rows))
             self.input_rows[n.name] = rows
@@ -360,11 +386,14 @@ class _BlockCodegen:
             self.consts[a] = self._copy(a, self._const)
         return self.consts[a]
 
-    def _arg(self, user: fx.Node, a: fx.Node) -> fx.Node:
+    def _arg(self, user: fx.Node, a: fx.Node, need: str | None = None) -> fx.Node:
+        """``user``'s argument ``a``, on the rows ``user`` reads it on (``need``: the rows
+        of one parameter, where ``user`` reads ``a`` through several)."""
         if a not in self.env:
             # The graph input (only convs take it) or a feature-independent constant.
             return self.batch if a.op == "placeholder" else self._const(a)
-        if self.need(user) == DST and self.rows(a) == SRC and self.facts[a].row:
+        need = need or self.need(user, a)
+        if need == DST and self.rows(a) == SRC and self.facts[a].row:
             if a not in self.sliced:
                 self.sliced[a] = self.g.call_function(dst_rows, (self.env[a], self.batch))
             return self.sliced[a]
@@ -375,9 +404,11 @@ class _BlockCodegen:
         convs = []
         for n in self.members:
             if n in self.conv_nodes:
-                x_in = self._arg(n, self.conv_x[n])
+                args = self.conv_args[n]
+                x_in = self._arg(n, args.x)
+                extra = {p: self._arg(n, v, args.rows[p]) for p, v in args.extra.items()}
                 target = f"adapters.{self.adapter_names[str(n.target)]}"
-                self.env[n] = self.g.call_module(target, (x_in, self.batch))
+                self.env[n] = self.g.call_module(target, (x_in, self.batch), extra)
                 convs.append(str(n.target))
             else:
                 ids = self._row_ids(n) if n in self.typed_nodes else None
@@ -403,6 +434,8 @@ class _BlockCodegen:
                 continue
             convs = []
             for user in node.users:
+                if node in user.kwargs.values():  # a conv's extra per-node input
+                    break
                 if user.op == "call_module" and user.target in adapter_to_conv:
                     convs.append(adapter_to_conv[user.target])
                 elif user.op == "call_function" and user.target is dst_rows:

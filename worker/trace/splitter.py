@@ -51,6 +51,25 @@ class Partition:
         return out
 
 
+@dataclass
+class ConvArgs:
+    """The per-node arguments of one conv call: its feature input ``x`` (read on source
+    rows) and the extra per-node inputs its adapter takes (``{param: value}``), each read on
+    the rows ``rows[param]`` (``src`` or ``dst``; see ``ConvAdapter.node_inputs``)."""
+
+    x: fx.Node
+    extra: dict[str, fx.Node] = field(default_factory=dict)
+    rows: dict[str, str] = field(default_factory=dict)
+
+    def rows_of(self, value: fx.Node) -> str | None:
+        """Rows the call reads ``value`` on (``None``: not an argument of the call)."""
+        found = [SRC] if value is self.x else []
+        found += [self.rows[p] for p, v in self.extra.items() if v is value]
+        if not found:
+            return None
+        return SRC if SRC in found else DST
+
+
 def _feature_users(
     node: fx.Node, facts: dict[fx.Node, NodeFacts], output_block: int
 ) -> list[fx.Node]:
@@ -60,10 +79,11 @@ def _feature_users(
 def partition(
     graph: fx.Graph,
     feature_node: fx.Node,
-    conv_nodes: set[fx.Node],
+    conv_args: dict[fx.Node, ConvArgs],
     facts: dict[fx.Node, NodeFacts],
 ) -> Partition:
     """Assign each feature-dependent node to a block and a row domain."""
+    conv_nodes = set(conv_args)
     order = [n for n in graph.nodes if n is feature_node or (n in facts and not facts[n].const)]
     output = next(n for n in graph.nodes if n.op == "output")
 
@@ -109,7 +129,7 @@ def partition(
                 block_of[n] = old
 
     part = Partition(num_layers, block_of)
-    _assign_rows(part, order, users, conv_nodes, feature_node, facts)
+    _assign_rows(part, order, users, conv_args, facts)
     return part
 
 
@@ -117,17 +137,20 @@ def _assign_rows(
     part: Partition,
     order: list[fx.Node],
     users: dict[fx.Node, list[fx.Node]],
-    conv_nodes: set[fx.Node],
-    feature_node: fx.Node,
+    conv_args: dict[fx.Node, ConvArgs],
     facts: dict[fx.Node, NodeFacts],
 ) -> None:
-    """Demand (rows consumers need, per block) and computed rows of each node."""
+    """Demand (rows consumers need, per block) and computed rows of each node: a conv reads
+    its feature input on source rows and its extra inputs on the rows it declares."""
     for n in reversed(order):
         need = DST
         for u in users[n]:
             if u.op == "output" or part.block_of[u] != part.block_of[n]:
                 continue
-            if u in conv_nodes or part.demand_of.get(u) == SRC:
+            if u in conv_args:
+                if (conv_args[u].rows_of(n) or SRC) == SRC:
+                    need = SRC
+            elif part.demand_of.get(u) == SRC:
                 need = SRC
         part.demand_of[n] = need
     for n in order:
@@ -139,6 +162,6 @@ def _assign_rows(
             and facts.get(n.args[0], NodeFacts(False, True)).bundle
         ):
             rows = part.rows_of[n.args[0]]
-        if n in conv_nodes:
+        if n in conv_args:
             rows = DST
         part.rows_of[n] = rows

@@ -46,6 +46,10 @@ def test_boundaries_are_where_only_the_layer_below_crosses():
     # Jumping knowledge: layer 1's output crosses boundary 2 to the final block.
     jk = LayerwiseEvaluator(build("jk_cat", D_IN), _tiny_store(), progress=False)
     assert sorted(cacheable_boundaries(jk.split)) == [1]
+    # GCNII: every conv reads x_0 (block 0's output), so no boundary is crossed by the
+    # layer below alone, and nothing is cached (a cached row would miss x_0's rows).
+    gcnii = LayerwiseEvaluator(build("gcnii", D_IN), _tiny_store(), progress=False)
+    assert sorted(cacheable_boundaries(gcnii.split)) == []
 
 
 def _tiny_store() -> GraphStore:

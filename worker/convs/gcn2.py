@@ -1,0 +1,82 @@
+r"""Initial-residual convs (PyG ``GCN2Conv``, ``FAConv``) on a batch: GCN normalization
+from whole-graph degrees, plus the model's initial representation :math:`x_0` read on the
+destination rows.
+
+.. math::
+    \text{GCN2:}\quad h_v' = \big((1-\alpha)\,(\hat A x)_v + \alpha\, x_{0,v}\big)
+        \big((1-\beta) I + \beta\, W\big)
+    \qquad
+    \text{FA:}\quad h_v' = \sum_{u \in N_{in}(v) \cup \{v\}}
+        \tanh(a_l^\top x_u + a_r^\top x_v)\,\hat A_{vu}\, x_u + \epsilon\, x_{0,v}
+
+(GCN2 with ``shared_weights=False`` projects the two terms by :math:`W_1` and :math:`W_2`.)
+:math:`\hat A` is ``gcn_norm``'s (``improved=False``) with whole-graph degrees, as
+:class:`~.gcn.GCNAdapter` builds it for every batch; :math:`x_0` is a per-node input the
+model computes before its first conv (``ConvAdapter.node_inputs``: ``x_0`` on ``dst`` rows),
+so a batch reads only its destinations' rows of it. FA's attention is per edge from the
+edge's two ends, which the batch holds. Both convs' own forwards would normalize by the
+batch's degrees, so the adapters compute the forward's steps themselves from the conv's
+parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hopserve.worker.convs.base import LayerBatch
+from hopserve.worker.convs.gcn import GCNAdapter
+
+
+def _spmm(adj: Tensor, x: Tensor) -> Tensor:
+    from torch_geometric.utils import spmm
+
+    return spmm(adj, x, reduce="sum")
+
+
+class GCN2Adapter(GCNAdapter):
+    """``GCN2Conv(x, x_0, edge_index[, edge_weight])`` with whole-graph ``gcn_norm``."""
+
+    node_inputs = {"x_0": "dst"}
+
+    @property
+    def improved(self) -> bool:
+        return False  # GCN2Conv calls gcn_norm(..., improved=False)
+
+    def run(self, x: Tensor, batch: LayerBatch, x_0: Tensor) -> Tensor:  # type: ignore[override]
+        conv = self.conv
+        h = _spmm(self._adjacency(batch, x.dtype), x)
+        h.mul_(1 - conv.alpha)
+        x_0 = conv.alpha * x_0
+        beta = conv.beta
+        if conv.weight2 is None:
+            out = h.add_(x_0)
+            return torch.addmm(out, out, conv.weight1, beta=1.0 - beta, alpha=beta)
+        out = torch.addmm(h, h, conv.weight1, beta=1.0 - beta, alpha=beta)
+        return out + torch.addmm(x_0, x_0, conv.weight2, beta=1.0 - beta, alpha=beta)
+
+
+class FAAdapter(GCNAdapter):
+    """``FAConv(x, x_0, edge_index[, edge_weight])``: tanh attention over ``gcn_norm``'s
+    whole-graph weights (or the raw edge weights with ``normalize=False``)."""
+
+    node_inputs = {"x_0": "dst"}
+
+    @property
+    def improved(self) -> bool:
+        return False  # FAConv calls gcn_norm(..., improved=False)
+
+    def edge_bytes(self, src_row_bytes: int) -> int:
+        return 40 + 16  # the weighted CSR, plus each edge's row id and attention
+
+    def run(self, x: Tensor, batch: LayerBatch, x_0: Tensor) -> Tensor:  # type: ignore[override]
+        conv = self.conv
+        adj = self._adjacency(batch, x.dtype)
+        crow, col = adj.crow_indices(), adj.col_indices()
+        row = torch.repeat_interleave(torch.arange(batch.num_dst, device=crow.device), crow.diff())
+        a_src = conv.att_l(x).squeeze(-1)
+        a_dst = conv.att_r(batch.dst_rows(x)).squeeze(-1)
+        w = adj.values() * (a_src[col] + a_dst[row]).tanh()
+        attended = torch.sparse_csr_tensor(crow, col, w, size=adj.shape, check_invariants=False)
+        out = _spmm(attended, x)
+        return out + conv.eps * x_0 if conv.eps != 0.0 else out
