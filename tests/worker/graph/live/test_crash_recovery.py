@@ -37,10 +37,18 @@ from support.live_graph import (
     live_state,
     stream_batch,
 )
+from support.typed_live import (
+    DIMS,
+    TYPED_CHILD,
+    TypedGraph,
+    apply_typed_stream,
+    typed_edges,
+)
 
 from hopserve.worker.graph.live import LiveGraph, forget_live, open_live
 from hopserve.worker.graph.live.graph import BASE_FILE, LINEAGE_FILE, LOG_FILE, UPDATES_DIR
 from hopserve.worker.graph.live.log import LogCorruptError, UpdateLog
+from hopserve.worker.graph.node_types import type_of
 from hopserve.worker.graph.topology import GraphTopology
 
 DIM = 4
@@ -68,11 +76,11 @@ def graph(pristine: Path, tmp_path: Path) -> Path:
 class Child:
     """The writer process; ``events`` collects its stdout lines as they come."""
 
-    def __init__(self, path: Path, mode: str, upto: int) -> None:
+    def __init__(self, path: Path, mode: str, upto: int, script: str = CHILD) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(path), str(SEED), mode, str(upto)],
+            [sys.executable, "-c", script, str(path), str(SEED), mode, str(upto)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -195,6 +203,59 @@ def test_kill_during_compaction(graph: Path, pristine: Path) -> None:
     assert live.info()["log_batches"] == 0 and live.info()["base_seq"] == seq
     forget_live()
     assert check_recovered(graph, Expected(pristine, SEED, DIM), seq, []) == seq
+
+
+def check_typed_recovered(path: Path, floor: int, acked: list[int]) -> int:
+    """Reopen the typed graph at ``path``: every acknowledged batch of the typed stream is
+    there, each node keeps its type, own ID, features and edges; returns its sequence."""
+    forget_live()
+    live = open_live(path, with_features=True)
+    seq = live.seq
+    last = max(acked, default=floor)
+    assert last <= seq <= last + 1, f"acknowledged up to {last}, recovered {seq}"
+    want = TypedGraph()
+    for s in range(1, seq + 1):
+        apply_typed_stream(want, s)
+    topo = live.topology
+    assert typed_edges(topo) == want.edges, f"edges at {seq}"
+    features = live.store().features.numpy()
+    for index, t in enumerate(DIMS):
+        storage = topo.typed_storage(want.ids[t], t)
+        assert (type_of(topo.meta.node_types, storage) == index).all(), f"types at {seq}"
+        np.testing.assert_array_equal(features[storage, : DIMS[t]], want.x[t])
+    assert sum(t.total for t in topo.meta.node_types) == topo.num_nodes
+    forget_live()
+    return seq
+
+
+def test_kill_during_compaction_of_a_typed_graph_with_added_nodes(tmp_path: Path) -> None:
+    """Compactions writing added typed runs (format version 5), killed at random points."""
+    graph = tmp_path / "typed"
+    TypedGraph().store().save(graph, progress=False)
+    rnd = random.Random(3)
+    plans = [("compact", "ack", 1, rnd.uniform(0, 0.03))]
+    plans += [("compact", "compacted", rnd.randint(1, 3), rnd.uniform(0, 0.03)) for _ in range(3)]
+    plans += [("stream", "ack", rnd.randint(2, 5), rnd.uniform(0, 0.004))]
+    seq = 0
+    try:
+        for mode, prefix, count, delay in plans:
+            child = Child(graph, mode, upto=seq + 200, script=TYPED_CHILD)
+            finished = not child.wait_for(prefix, count)
+            time.sleep(delay)
+            child.kill()
+            assert child.proc.returncode == -signal.SIGKILL or finished, child.stderr
+            assert "Traceback" not in child.stderr, child.stderr
+            acked = child.acked
+            assert acked == list(range(seq + 1, seq + 1 + len(acked))), "acks out of order"
+            seq = check_typed_recovered(graph, seq, acked)
+        assert seq >= 3
+        live = open_live(graph, with_features=True)
+        assert live.compact() == seq
+        assert live.topology.meta.format_version == 5
+        forget_live()
+        assert check_typed_recovered(graph, seq, []) == seq
+    finally:
+        forget_live()
 
 
 # ------------------------------------------------------------------ torn and damaged logs

@@ -10,12 +10,17 @@ built from scratch. Bad batches are refused naming the value, with nothing appli
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
 from support import assert_exact
+from support.typed_live import (
+    CLICKS,
+    DIMS,
+    TypedGraph,
+    click_batch,
+    typed_edges,
+)
 from torch_geometric import nn as pyg
 from torch_geometric.data import HeteroData
 
@@ -23,72 +28,6 @@ from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.worker.graph.live import InvalidUpdateError, LiveGraph, MutationBatch
 from hopserve.worker.graph.live.mutations import decode, encode, resolve
 from hopserve.worker.graph.node_types import type_of
-
-DIMS = {"user": 3, "item": 5}
-OWN = {"user": np.arange(30) * 1000 + 7, "item": np.r_[7, np.arange(19, 0, -1) * 3]}
-RELATIONS = [("user", "clicks", "item"), ("item", "clicked_by", "user")]
-CLICKS, BACK = (f"{s}__{r}__{d}" for s, r, d in RELATIONS)
-
-
-class TypedGraph:
-    """The graph as a test keeps it: per-type own IDs and feature rows in position order,
-    edges as ``(relation index, source ID, destination ID)``."""
-
-    def __init__(self, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.ids = {t: list(map(int, OWN[t])) for t in DIMS}
-        self.x = {
-            t: rng.standard_normal((len(OWN[t]), d)).astype(np.float32) for t, d in DIMS.items()
-        }
-        pairs = zip(rng.integers(0, 30, 90).tolist(), rng.integers(0, 20, 90).tolist(), strict=True)
-        self.edges = Counter()
-        self.click([(self.ids["user"][u], self.ids["item"][i]) for u, i in pairs])
-
-    def click(self, pairs: list[tuple[int, int]]) -> None:
-        for u, i in pairs:
-            self.edges[(0, u, i)] += 1
-            self.edges[(1, i, u)] += 1
-
-    def store(self) -> GraphStore:
-        data = self.hetero()
-        return GraphStore.from_hetero(
-            data.x_dict,
-            data.edge_index_dict,
-            node_ids_dict={t: np.array(v) for t, v in self.ids.items()},
-        )
-
-    def hetero(self) -> HeteroData:
-        data = HeteroData()
-        pos = {t: {v: k for k, v in enumerate(ids)} for t, ids in self.ids.items()}
-        for t in DIMS:
-            data[t].x = torch.from_numpy(self.x[t])
-        for r, (src, _, dst) in enumerate(RELATIONS):
-            ends = [(pos[src][s], pos[dst][d]) for (q, s, d) in self.edges.elements() if q == r]
-            data[RELATIONS[r]].edge_index = torch.tensor(ends, dtype=torch.long).reshape(-1, 2).T
-        return data
-
-    def add(self, node_type: str, ids: list[int], rows: np.ndarray) -> None:
-        self.ids[node_type] += ids
-        self.x[node_type] = np.concatenate([self.x[node_type], rows[:, : DIMS[node_type]]])
-
-
-def click_batch(pairs: list[tuple[int, int]], **kw) -> MutationBatch:
-    """Clicks ``(user ID, item ID)`` and their reverses as one batch (plus ``kw``)."""
-    users, items = [u for u, _ in pairs], [i for _, i in pairs]
-    return MutationBatch(
-        add_src=users + items,
-        add_dst=items + users,
-        add_edge_type=[CLICKS] * len(pairs) + [BACK] * len(pairs),
-        **kw,
-    )
-
-
-def typed_edges(topo) -> Counter:
-    """``(relation index, source ID, destination ID)`` of every edge, by own IDs."""
-    own = np.asarray(topo.type_node_ids)
-    ei = topo.edge_index()
-    rel = np.asarray(topo.edge_type).tolist()
-    return Counter(zip(rel, own[ei[0]].tolist(), own[ei[1]].tolist(), strict=True))
 
 
 def _apply(live: LiveGraph, g: TypedGraph, step: int) -> None:
