@@ -145,3 +145,32 @@ def test_positions_come_from_the_features(key):
         ev = LayerwiseEvaluator(model, store, init_batch_nodes=5, progress=False)
         with torch.no_grad():
             assert_exact(ev.evaluate(), model(feats, edge_index), f"{key}")
+
+
+class RawFeaturesAsX0(nn.Module):
+    """``x_0`` is the model's feature input itself (read on destination rows from the
+    store), and one GCN2Conv module is shared by both layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = GCN2Conv(audit.D_IN, alpha=0.3, theta=0.5, layer=1)
+
+    def forward(self, x, edge_index):
+        h = self.conv(x, x, edge_index).relu()
+        return self.conv(h, x, edge_index)
+
+
+def test_raw_features_as_x_0_and_a_shared_conv():
+    torch.manual_seed(2)
+    model = RawFeaturesAsX0().eval()
+    edge_index = random_edge_index(60, 240, seed=3)
+    x = torch.randn(60, audit.D_IN, generator=torch.Generator().manual_seed(4))
+    ev = LayerwiseEvaluator(
+        model, GraphStore.from_edge_index(edge_index, x), init_batch_nodes=9, progress=False
+    )
+    assert any(i.producer == -1 and i.rows == "dst" for i in ev.split.blocks[-1].inputs)
+    with torch.no_grad():
+        want = model(x, edge_index)
+    assert_exact(ev.evaluate(), want, "raw x_0 full")
+    targets = torch.tensor([59, 0, 31, 31])
+    assert_exact(ev.evaluate(targets=targets), want[targets], "raw x_0 partial")
