@@ -231,6 +231,20 @@ class GCNII(nn.Module):
         return self.lin_out(x)
 
 
+class RawFeaturesGCNII(nn.Module):
+    """``x_0`` is the model's feature input itself (each conv reads the store's rows of its
+    destinations), and one ``GCN2Conv`` module serves both layers."""
+
+    def __init__(self, d_in: int):
+        super().__init__()
+        self.conv = GCN2Conv(d_in, alpha=0.3, theta=0.5, layer=1)
+        self.lin = nn.Linear(d_in, 4)
+
+    def forward(self, x, edge_index):
+        h = self.conv(x, x, edge_index).relu()
+        return self.lin(self.conv(h, x, edge_index))
+
+
 class LinAPPNP(nn.Module):
     """``lin`` on the features, then APPNP over ``k`` hops: a K-hop conv, which the
     layer-wise engine refuses and the node-wise fallback serves."""
@@ -265,6 +279,7 @@ FAMILIES = {
     "transformer": lambda d: Transformer(d),
     "edgeconv": lambda d: DynamicEdge(d),
     "gcnii": lambda d: GCNII(d),
+    "gcnii_raw_x0": lambda d: RawFeaturesGCNII(d),
 }
 
 

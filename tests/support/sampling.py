@@ -50,8 +50,8 @@ def convs_on(
     model: nn.Module, layers: dict[str, list[int]], graph_of: dict[int, object], arg: int
 ) -> Iterator[None]:
     """Forward pre-hooks: a conv's call at layer ``l`` gets ``graph_of[l]`` as argument ``arg``
-    (or as its ``edge_index`` argument, wherever its forward takes it: ``GCN2Conv(x, x_0,
-    edge_index)``).
+    (or as its ``edge_index`` argument, wherever its forward takes it, ``GCN2Conv(x, x_0,
+    edge_index)``, by position or by name).
 
     A conv module shared across layers is called once per layer in order; calls are counted.
     """
@@ -62,14 +62,16 @@ def convs_on(
         params = list(inspect.signature(modules[name].forward).parameters)
         where = params.index("edge_index") if "edge_index" in params else arg
 
-        def hook(module, args, at=at, calls=calls, where=where):
+        def hook(module, args, kwargs, at=at, calls=calls, where=where):
             layer = at[calls[0] % len(at)]
             calls[0] += 1
+            if "edge_index" in kwargs:  # passed by name
+                return args, {**kwargs, "edge_index": graph_of[layer]}
             args = list(args)
             args[where] = graph_of[layer]
-            return tuple(args)
+            return tuple(args), kwargs
 
-        handles.append(modules[name].register_forward_pre_hook(hook))
+        handles.append(modules[name].register_forward_pre_hook(hook, with_kwargs=True))
     try:
         yield
     finally:

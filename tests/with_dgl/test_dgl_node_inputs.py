@@ -22,7 +22,7 @@ from support.exactness import (  # noqa: E402
     graphs,
 )
 
-from hopserve.worker.trace import split_model  # noqa: E402
+from hopserve.worker.trace import ModelTraceError, split_model  # noqa: E402
 
 pytestmark = pytest.mark.dgl
 
@@ -101,3 +101,39 @@ def test_feat_0_is_read_on_destination_rows_only():
     for block in split.blocks[2:]:
         reads = {i.name: i.rows for i in block.inputs if i.producer == 0}
         assert reads and set(reads.values()) == {"dst"}, split.describe()
+
+
+class RawFeaturesX0(nn.Module):
+    """``feat_0`` is the feature input itself, from the store, read on destination rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = GCN2Conv(D_IN, layer=1, alpha=0.3, allow_zero_in_degree=True)
+        self.conv2 = GCN2Conv(D_IN, layer=2, alpha=0.3, allow_zero_in_degree=True)
+
+    def forward(self, g, x):
+        return self.conv2(g, self.conv1(g, x, x).relu(), x)
+
+
+def test_raw_features_as_feat_0(medium_graph):
+    torch.manual_seed(6)
+    check_medium_graph(DGL, RawFeaturesX0().eval(), medium_graph, "raw feat_0")
+
+
+class OwnForward(GCN2Conv):
+    def forward(self, graph, feat, feat_0, edge_weight=None):
+        return 2 * super().forward(graph, feat, feat_0, edge_weight)
+
+
+class Wrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = OwnForward(D_IN, layer=1)
+
+    def forward(self, g, x):
+        return self.conv(g, x, x)
+
+
+def test_a_subclass_with_its_own_forward_is_refused():
+    with pytest.raises(ModelTraceError, match="subclass of GCN2Conv overriding forward"):
+        split_model(Wrapped().eval(), D_IN)

@@ -11,11 +11,13 @@ initial representation :math:`x_0` read on the destination rows.
 x_{0,v}) W_1 + \alpha x_{0,v} W_2`). DGL normalizes sources by their *in*-degree, as its
 forward computes ``graph.in_degrees()`` once for every node. A batch sees only its
 destinations' in-edges, so :math:`d^{in}_u` of a source comes from the whole graph
-(``prepare``); a destination's is its batch's. Sampled batches (:math:`G_l`, every node
+(``prepare``), and so is every destination's (equal to its batch's on an exact batch).
+Sampled batches (:math:`G_l`, every node
 keeping ``min(d, f)`` in-edges) use :math:`\min(d^{in}_u, f)`, which is what the forward on
 :math:`G_l` counts. :math:`x_0` is a per-node input (``ConvAdapter.node_inputs``:
 ``feat_0`` on ``dst`` rows). Edge weights (``EdgeWeightNorm("both")`` over weighted
-out- and in-degrees) are refused at load.
+out- and in-degrees) are refused at load, and so is a subclass overriding ``forward``
+(the adapter runs ``GCN2Conv``'s own steps).
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ class DGLGCN2Adapter(DGLConvAdapter):
     node_inputs = {"feat_0": "dst"}
 
     def __init__(self, conv: nn.Module) -> None:
+        from dgl.nn.pytorch import GCN2Conv
+
+        if type(conv).forward is not GCN2Conv.forward:
+            reason = (
+                "a subclass of GCN2Conv overriding forward: hopserve runs GCN2Conv's own "
+                "steps with whole-graph degrees, not the subclass's"
+            )
+            raise UnsupportedConvError(f"{type(conv).__name__}: {reason}", reason)
         super().__init__(conv, pair=False)
         self._in_degrees: Tensor | None = None  # int64 [N], the whole graph's
+        self._on_device: dict[str, Tensor] = {}  # the same, copied to a device once
         self._max_in_degree = 0
         self._degrees_key: object | None = None
 
@@ -60,13 +71,24 @@ class DGLGCN2Adapter(DGLConvAdapter):
         if key != self._degrees_key:
             deg = torch.from_numpy(np.asarray(graph.topology.in_degrees)).long()
             self._in_degrees = deg
+            self._on_device = {}
             self._max_in_degree = int(deg.max()) if deg.numel() else 0
             self._degrees_key = key
         super().prepare(graph)
 
+    def _degrees_on(self, device: torch.device) -> Tensor:
+        """The in-degree table on ``device``, copied there once per graph."""
+        if device.type == "cpu":
+            return self._in_degrees
+        with self._lock:
+            table = self._on_device.get(str(device))
+            if table is None:
+                table = self._on_device[str(device)] = self._in_degrees.to(device)
+        return table
+
     def run(self, x: Tensor, batch: LayerBatch, feat_0: Tensor) -> Tensor:  # type: ignore[override]
         conv = self.conv
-        deg = self._in_degrees.to(batch.src_nodes.device)[batch.src_nodes]
+        deg = self._degrees_on(batch.src_nodes.device)[batch.src_nodes]
         s = batch.sampling
         if s is not None and s.fanout < self._max_in_degree:
             deg = deg.clamp(max=s.fanout)  # G_l's in-degree

@@ -43,6 +43,15 @@ class DGLSquareAdapter(ConvAdapter):
         self.node_inputs = dict.fromkeys(node_inputs, "src")
         self.node_outputs = node_outputs
 
+    def edge_bytes(self, src_row_bytes: int) -> int:
+        if self.node_inputs:  # EGNN: both ends' rows, the edge MLP's layers, coordinates
+            return 4 * src_row_bytes
+        return super().edge_bytes(src_row_bytes)
+
+    def src_bytes(self, src_row_bytes: int) -> int:
+        # The square graph runs the node update over every source row, not destinations only.
+        return 2 * src_row_bytes if self.node_inputs else 0
+
     def prepare(self, graph) -> None:  # graph: GraphStore
         from hopserve.worker.convs.dgl_conv import check_zero_in_degree
 

@@ -24,8 +24,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hopserve.worker.convs.base import LayerBatch
+from hopserve.worker.convs.base import LayerBatch, UnsupportedConvError
 from hopserve.worker.convs.gcn import GCNAdapter
+
+# Steps a subclass may override (``propagate`` is generated per subclass by PyG from its
+# ``message`` signature, so it is not compared).
+_STEPS = ("forward", "message", "aggregate", "message_and_aggregate", "update")
+
+
+def check_as_written(conv, cls: type) -> None:  # noqa: ANN001 - a GCN2Conv / FAConv
+    """Refuse what the adapters' own steps would get wrong: another aggregation than the
+    sum, or a subclass overriding a step of the forward (it would run the base class's
+    math). Raises :class:`UnsupportedConvError` naming it."""
+    name = type(conv).__name__
+    if conv.aggr != "add":
+        reason = (
+            f"{cls.__name__} with aggr={conv.aggr!r}: hopserve adapts the sum it is built "
+            "with (its whole-graph normalization is recomputed per batch)"
+        )
+        raise UnsupportedConvError(f"{name}: {reason}", reason)
+    changed = [m for m in _STEPS if getattr(type(conv), m) is not getattr(cls, m)]
+    if changed:
+        reason = (
+            f"a subclass of {cls.__name__} overriding {', '.join(changed)}: hopserve runs "
+            f"{cls.__name__}'s own steps with whole-graph degrees, not the subclass's"
+        )
+        raise UnsupportedConvError(f"{name}: {reason}", reason)
 
 
 def _spmm(adj: Tensor, x: Tensor) -> Tensor:
@@ -38,6 +62,12 @@ class GCN2Adapter(GCNAdapter):
     """``GCN2Conv(x, x_0, edge_index[, edge_weight])`` with whole-graph ``gcn_norm``."""
 
     node_inputs = {"x_0": "dst"}
+
+    def __init__(self, conv) -> None:  # noqa: ANN001
+        from torch_geometric.nn import GCN2Conv
+
+        check_as_written(conv, GCN2Conv)
+        super().__init__(conv)
 
     @property
     def improved(self) -> bool:
@@ -61,6 +91,12 @@ class FAAdapter(GCNAdapter):
     whole-graph weights (or the raw edge weights with ``normalize=False``)."""
 
     node_inputs = {"x_0": "dst"}
+
+    def __init__(self, conv) -> None:  # noqa: ANN001
+        from torch_geometric.nn import FAConv
+
+        check_as_written(conv, FAConv)
+        super().__init__(conv)
 
     @property
     def improved(self) -> bool:

@@ -102,6 +102,8 @@ class MessagePassingAdapter(ConvAdapter):
         )
 
     def edge_bytes(self, src_row_bytes: int) -> int:
+        if self.node_inputs:  # point convs: message inputs, an MLP's layers, attention
+            return 4 * src_row_bytes
         # Fused SpMM materializes no messages: a column index and a value per edge.
         if self.edge_inputs:  # messages, plus the gathered edge rows
             return src_row_bytes + 4 * (1 + (self.edge_feature_dim or 0))

@@ -45,8 +45,8 @@ DICT_MODEL = (
     "a typed store, {how} (docs/heterogeneous.md); not inside a homogeneous model"
 )
 POSITIONS = (
-    "; positions (and normals) are per-node inputs the model computes from the features, "
-    "read on the batch's source rows"
+    "; positions are a per-node input the model computes from the features, read on the "
+    "batch's source rows"
 )
 KNN = "builds its own k-nearest-neighbour graph from the features (no edge_index)"
 CUGRAPH = (
@@ -270,14 +270,15 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "FAConv": (
         "adapted",
         _fa,
-        "tanh attention per in-edge over whole-graph symmetric normalization; x_0 read on "
-        "the destination rows",
+        "tanh attention per in-edge over whole-graph symmetric normalization (the raw edge "
+        "weights with normalize=False); x_0 read on the destination rows",
     ),
     "PointNetConv": ("exact", _points("pos"), "max of MLP(x_j, pos_j - pos_i)" + POSITIONS),
     "PPFConv": (
         "exact",
         _points("pos", "normal"),
-        "max of MLP(x_j, point pair features of pos and normal)" + POSITIONS,
+        "max of MLP(x_j, point pair features of pos and normal)"
+        + POSITIONS.replace("positions are", "positions and normals are"),
     ),
     "PointTransformerConv": (
         "exact",

@@ -12,10 +12,10 @@ import torch
 from support import assert_exact, random_edge_index
 from support import conv_audit as audit
 from support.exactness import PYG, check_medium_graph, check_random_graph, family_cases, graphs
-from support.models import GCNII
+from support.models import GCNII, build
 from support.sampling import check_medium_graph as check_medium_sampled
 from torch import nn
-from torch_geometric.nn import GCN2Conv, PointNetConv
+from torch_geometric.nn import FAConv, GCN2Conv, PointNetConv
 
 from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.worker.trace import ModelTraceError, split_model
@@ -65,7 +65,7 @@ def test_x_0_is_read_on_destination_rows_only(conv):
         assert reads and set(reads.values()) == {"dst"}, split.describe()
 
 
-def test_x_0_also_the_feature_input_is_sliced_for_the_conv():
+def test_a_value_read_as_x_and_as_x_0_is_computed_once_and_sliced():
     """The first conv reads ``x_0`` as ``x`` (source rows) and as ``x_0``: the adapter gets
     destination rows, the value is computed once on source rows."""
     torch.manual_seed(1)
@@ -74,6 +74,12 @@ def test_x_0_also_the_feature_input_is_sliced_for_the_conv():
     x = torch.randn(50, audit.D_IN)
     store = GraphStore.from_edge_index(edge_index, x)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=7, progress=False)
+    block = ev.split.blocks[1]
+    assert [(i.producer, i.rows) for i in block.inputs] == [(0, "src")], ev.split.describe()
+    conv_call = next(n for n in block.module.graph.nodes if "x_0" in n.kwargs)
+    sliced = conv_call.kwargs["x_0"]
+    assert sliced.op == "call_function" and sliced.target.__name__ == "dst_rows"
+    assert conv_call.args[0] is sliced.args[0]  # x: the same value, on source rows
     with torch.no_grad():
         want = model(x, edge_index)
     assert_exact(ev.evaluate(), want, "GCNII x1 full")
@@ -147,30 +153,70 @@ def test_positions_come_from_the_features(key):
             assert_exact(ev.evaluate(), model(feats, edge_index), f"{key}")
 
 
-class RawFeaturesAsX0(nn.Module):
-    """``x_0`` is the model's feature input itself (read on destination rows from the
-    store), and one GCN2Conv module is shared by both layers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = GCN2Conv(audit.D_IN, alpha=0.3, theta=0.5, layer=1)
-
-    def forward(self, x, edge_index):
-        h = self.conv(x, x, edge_index).relu()
-        return self.conv(h, x, edge_index)
-
-
 def test_raw_features_as_x_0_and_a_shared_conv():
-    torch.manual_seed(2)
-    model = RawFeaturesAsX0().eval()
+    """``x_0`` read from the store's features on destination rows; one conv module shared."""
+    model = build("gcnii_raw_x0", audit.D_IN, seed=2)
     edge_index = random_edge_index(60, 240, seed=3)
     x = torch.randn(60, audit.D_IN, generator=torch.Generator().manual_seed(4))
-    ev = LayerwiseEvaluator(
-        model, GraphStore.from_edge_index(edge_index, x), init_batch_nodes=9, progress=False
-    )
+    store = GraphStore.from_edge_index(edge_index, x)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=9, progress=False)
     assert any(i.producer == -1 and i.rows == "dst" for i in ev.split.blocks[-1].inputs)
     with torch.no_grad():
         want = model(x, edge_index)
     assert_exact(ev.evaluate(), want, "raw x_0 full")
     targets = torch.tensor([59, 0, 31, 31])
     assert_exact(ev.evaluate(targets=targets), want[targets], "raw x_0 partial")
+
+
+class SharedConvTwoX0(nn.Module):
+    """One GCN2Conv called at two layers with a different ``x_0`` at each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(audit.D_IN, 8), nn.Linear(audit.D_IN, 8)
+        self.conv = GCN2Conv(8, alpha=0.2, theta=0.4, layer=2, shared_weights=False)
+
+    def forward(self, x, edge_index):
+        x_a, x_b = self.a(x).relu(), self.b(x).tanh()
+        h = self.conv(x_a, x_a, edge_index).relu()
+        return self.conv(h, x_b, edge_index)
+
+
+def test_a_shared_conv_reads_each_call_s_own_x_0(medium_graph):
+    torch.manual_seed(5)
+    check_medium_graph(PYG, SharedConvTwoX0().eval(), medium_graph, "shared conv, two x_0")
+
+
+class MeanGCN2(GCN2Conv):
+    pass
+
+
+class OwnMessageFA(FAConv):
+    def message(self, x_j, alpha_j, alpha_i, edge_weight):
+        return 2 * super().message(x_j, alpha_j, alpha_i, edge_weight)
+
+
+class Wrapped(nn.Module):
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, edge_index):
+        return self.conv(x, x, edge_index)
+
+
+@pytest.mark.parametrize(
+    ("conv", "match"),
+    [
+        (GCN2Conv(6, alpha=0.1, aggr="mean"), "aggr='mean'"),
+        (FAConv(6, aggr="max"), "aggr='max'"),
+        (OwnMessageFA(6), "subclass of FAConv overriding message"),
+    ],
+    ids=["gcn2-mean", "fa-max", "fa-subclass"],
+)
+def test_steps_the_adapter_would_get_wrong_are_refused(conv, match):
+    """The adapters compute GCN2/FA's own sum with whole-graph degrees: another aggregation
+    or a subclass's own message would be served wrong, so they are refused at load."""
+    with pytest.raises(ModelTraceError, match=match):
+        split_model(Wrapped(conv).eval(), 6)
+    split_model(Wrapped(MeanGCN2(6, alpha=0.1)).eval(), 6)  # a subclass changing nothing

@@ -50,6 +50,9 @@ def test_boundaries_are_where_only_the_layer_below_crosses():
     # layer below alone, and nothing is cached (a cached row would miss x_0's rows).
     gcnii = LayerwiseEvaluator(build("gcnii", D_IN), _tiny_store(), progress=False)
     assert sorted(cacheable_boundaries(gcnii.split)) == []
+    # x_0 = the raw features: they come from the store at any layer, so boundaries stay.
+    raw = LayerwiseEvaluator(build("gcnii_raw_x0", D_IN), _tiny_store(), progress=False)
+    assert sorted(cacheable_boundaries(raw.split)) == [1]
 
 
 def _tiny_store() -> GraphStore:
@@ -57,7 +60,7 @@ def _tiny_store() -> GraphStore:
     return GraphStore.from_edge_index(ei, torch.randn(4, D_IN))
 
 
-@pytest.mark.parametrize("family", CHAINS + ["jk_cat"])
+@pytest.mark.parametrize("family", CHAINS + ["jk_cat", "gcnii_raw_x0"])
 @examples(10)
 @given(case=graphs(hub=True), capacity=st.integers(1, 45), later=st.lists(
     st.lists(st.integers(0, 39), min_size=1, max_size=8), min_size=1, max_size=3))  # fmt: skip
