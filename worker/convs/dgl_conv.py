@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 
 import torch
 from torch import Tensor, nn
@@ -69,6 +70,26 @@ _EDGE_SCORES = {"GATConv", "DotGatConv", "AGNNConv"}
 SPMM_MIN_EDGES = 32768
 
 
+_ARANGES: dict[str, Tensor] = {}
+_ARANGE_LOCK = threading.Lock()
+
+
+def local_edge_ids(n: int, device: torch.device) -> Tensor:
+    """``arange(n)`` (int64) as a view of one buffer per device, grown by doubling: every
+    batch's block stores its local edge ids, and a new ``[E]`` arange per batch and layer
+    is work (and memory traffic) a view does not cost. Read-only: DGL keeps it as the
+    block's edge ids."""
+    key = str(device)
+    table = _ARANGES.get(key)
+    if table is None or table.numel() < n:
+        with _ARANGE_LOCK:
+            table = _ARANGES.get(key)
+            if table is None or table.numel() < n:
+                size = max(n, 2 * (0 if table is None else table.numel()))
+                table = _ARANGES[key] = torch.arange(size, device=device)
+    return table[:n]
+
+
 def dgl_block(batch: LayerBatch):
     """The DGL block of ``batch`` (cached on it, so convs of one layer share it)."""
     cached = batch._cache.get("dgl_block")
@@ -78,7 +99,7 @@ def dgl_block(batch: LayerBatch):
         # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
         eids = batch._cache.get("local_edge_ids")
         if eids is None:
-            eids = torch.arange(batch.num_edges, device=batch.indptr.device)
+            eids = local_edge_ids(batch.num_edges, batch.indptr.device)
         if batch.indptr.device.type == "cpu":
             cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
         else:

@@ -99,6 +99,7 @@ class LayerwiseRun:
         self.stats = stats
         self.final_order = final_order
         self._final_positions: Tensor | None = None  # its inverse, made when a scatter needs it
+        self._final_storage_order = False  # the final output awaits its gather (_order_final)
         self.show_progress = show_progress
         self.allocator = TierAllocator(
             ctx.device,
@@ -129,6 +130,7 @@ class LayerwiseRun:
                 for name in list(self.stored):
                     if split.last_use.get(name, -1) <= block.index and name != split.output:
                         self._release(name)
+            self._order_final()
             self.stats.tiers = dict(self.allocator.tiers)
             return self.stored[split.output]
         finally:
@@ -483,6 +485,9 @@ class LayerwiseRun:
                 outputs[name] = self.allocator.allocate(name, shape, out.dtype)
             dest = outputs[name]
             scatter = self._positions(name, positions)
+            if scatter is not None and self._gathers_final(name, positions, dest):
+                scatter = None  # storage order now, one gather after the layer
+                self._final_storage_order = True
             if scatter is not None:
                 rows_out = scatter[prepared.start : prepared.end]
                 dest.index_copy_(0, rows_out.to(dest.device), out.to(dest.device))
@@ -492,6 +497,37 @@ class LayerwiseRun:
                 )
         self.stats.write_out_s += time.perf_counter() - t
         return out_bytes
+
+    def _gathers_final(self, name: str, positions: dict[str, Tensor], dest: Tensor) -> bool:
+        """Whether the final output is written in storage order and gathered into output
+        order once after its layer (:meth:`_order_final`) instead of scattered batch by
+        batch: on the host tier of a CPU run, where a gather is parallel and a scatter
+        (``index_copy_``) is not; the gather's second buffer comes after the layer's inputs
+        are freed, so the peak stays the layer's."""
+        return (
+            self._is_final(name)
+            and name not in positions
+            and dest.device.type == "cpu"
+            and self.allocator.tiers.get(name) == "host"
+        )
+
+    def _order_final(self) -> None:
+        """The final output, written in storage order, gathered into output order."""
+        if not self._final_storage_order:
+            return
+        t = time.perf_counter()
+        name = self.ctx.split.output
+        table, rows = self.stored.pop(name)
+        self.allocator.release(name, table)
+        ordered = table.index_select(0, self.final_order)
+        del table
+        if not self.allocator.adopt(name, ordered):  # over the host budget: its own tier
+            dest = self.allocator.allocate(name, tuple(ordered.shape), ordered.dtype)
+            dest.copy_(ordered)
+            ordered = dest
+        self.stored[name] = (ordered, rows)
+        self._final_storage_order = False
+        self.stats.write_out_s += time.perf_counter() - t
 
     def _is_final(self, name: str) -> bool:
         return self.final_order is not None and name == self.ctx.split.output
