@@ -121,3 +121,80 @@ def test_a_relation_conv_normalizing_by_source_degrees_is_refused():
     model = HeteroRGCN(["graph"] * 4, norm="both")
     with pytest.raises(ModelTraceError, match="GraphConv.*norm='both'"):
         LayerwiseEvaluator(model.eval(), GraphStore.from_dgl(g), progress=False)
+
+
+class WeightedRGCN(nn.Module):
+    """``HeteroGraphConv`` passing each relation conv its edge weights through
+    ``mod_kwargs`` (keyed by etype), from ``forward(graph, inputs, edge_weight_dict)``."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = (
+            dglnn.HeteroGraphConv(
+                {r[1]: _relation_conv(k, r, i) for r, k in zip(RELATIONS, kinds, strict=True)}
+            )
+            for i in (1, 2)
+        )
+
+    def forward(self, graph, inputs, edge_weight_dict):
+        kw = {et[1]: {"edge_weight": w} for et, w in edge_weight_dict.items()}
+        h = self.conv1(graph, inputs, mod_kwargs=kw)
+        h = {k: F.relu(v.flatten(1)) for k, v in h.items()}
+        h = self.conv2(graph, h, mod_kwargs=kw)
+        return {k: v.flatten(1) for k, v in h.items()}
+
+
+def _weighted(seed: int):
+    g = _heterograph(seed)
+    gen = torch.Generator().manual_seed(seed + 10)
+    for et in g.canonical_etypes:
+        g.edges[et].data["weight"] = torch.rand(g.num_edges(et), generator=gen) + 0.5
+    return g, {et: g.edges[et].data["weight"] for et in g.canonical_etypes}
+
+
+@pytest.mark.parametrize("kinds", [["graph", "sage", "sage", "graph"], ["gat"] * 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_per_relation_edge_weights_through_mod_kwargs(kinds, seed):
+    g, weights = _weighted(seed)
+    torch.manual_seed(seed)
+    model = WeightedRGCN(kinds).eval()
+    with torch.no_grad():
+        want = model(g, _inputs(g), weights)
+        unweighted = model(g, _inputs(g), {et: torch.ones_like(w) for et, w in weights.items()})
+    assert max((want[t] - unweighted[t]).abs().max().item() for t in want) > 1e-3
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)  # self-check on
+    offsets = {t.name: t.offset for t in store.node_types}
+    full = ev.evaluate()
+    targets, rows = [], []
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{kinds} {t}")
+        pick = torch.tensor([w.shape[0] - 1, 0, 2, 2])
+        targets.append(offsets[t] + pick)
+        rows.append(w[pick])
+    got = ev.evaluate(targets=torch.cat(targets))
+    assert_exact(got[:, : rows[0].shape[1]], torch.cat(rows), f"{kinds} partial")
+
+
+def test_mod_kwargs_without_the_store_s_weights_is_refused_naming_the_argument():
+    g, _ = _weighted(0)
+    for et in g.canonical_etypes:
+        del g.edges[et].data["weight"]
+    model = WeightedRGCN(["sage"] * 4).eval()
+    with pytest.raises(ModelTraceError, match="edge_weight_dict"):
+        LayerwiseEvaluator(model, GraphStore.from_dgl(g), progress=False)
+
+
+class WrongRelation(WeightedRGCN):
+    def forward(self, graph, inputs, edge_weight_dict):
+        first = next(iter(edge_weight_dict.values()))  # one relation's rows for every etype
+        kw = {et[1]: {"edge_weight": first} for et in edge_weight_dict}
+        return self.conv1(graph, inputs, mod_kwargs=kw)
+
+
+def test_mod_kwargs_of_another_relation_are_refused():
+    g, _ = _weighted(0)
+    with pytest.raises(
+        ModelTraceError, match=r"mod_kwargs\['[\w-]+'\]\['edge_weight'\] is not relation"
+    ):
+        LayerwiseEvaluator(WrongRelation(["sage"] * 4).eval(), GraphStore.from_dgl(g))

@@ -117,7 +117,10 @@ class DictConvAdapter(_TypedAdapter):
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
-        edge_type = self.edge_values(batch)["edge_type"]
+        values = self.edge_values(batch)
+        columns = {"features": values.get("edge_attr"), "weight": values.get("edge_weight")}
         types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
-        out = layer.on_rows(x, types, batch.src_index, batch.dst_index, edge_type)
+        out = layer.on_rows(
+            x, types, batch.src_index, batch.dst_index, values["edge_type"], columns
+        )
         return out[: batch.num_dst]

@@ -19,7 +19,8 @@ rebuilt as a table over all rows, meaningful on its type's rows
   holds are the model's output types (:attr:`HomogeneousModel.output_types`).
 
 Per-relation edge data (``edge_attr_dict``, ``edge_weight_dict`` arguments, passed on by
-``HeteroConv`` or to a ``to_hetero`` relation conv) is the store's edge column, an
+``HeteroConv`` or to a ``to_hetero`` relation conv, or through DGL ``HeteroGraphConv``'s
+``mod_kwargs`` keyed by etype) is the store's edge column, an
 ``edge_attr`` / ``edge_weight`` argument of the homogeneous form, of which each relation
 conv gets its relation's rows.
 
@@ -285,7 +286,7 @@ class _Builder:
             x_arg, edge_arg = params[0].name, params[1].name
         for p in params[2:]:
             column = _edge_data_column(p.name, bare=_is_to_hetero(self.model))
-            if column is not None and not self.dgl:
+            if column is not None:
                 if column not in self.edge_columns:
                     from hopserve.worker.trace.tracer import missing_edge_data_message
 
@@ -336,12 +337,12 @@ class _Builder:
                 graph.erase_node(node)
         gm = fx.GraphModule(tracer.root, graph)
         x_slots = [("x", t) for t in x_types]
-        if self.dgl:
-            return gm, [("graph", None), *x_slots], out_spec
-        edge_slots = [("edges", r) for r in self.layout.relations]
         # fx orders the remaining placeholders by parameter, then by relation
         order = [p.name for p in params if p.name in self.edge_data]
         data_slots = [("edge_data", (a, r)) for a in order for r in self.layout.relations]
+        if self.dgl:
+            return gm, [("graph", None), *x_slots, *data_slots], out_spec
+        edge_slots = [("edges", r) for r in self.layout.relations]
         return gm, x_slots + edge_slots + data_slots, out_spec
 
     # ------------------------------------------------------------------ build
@@ -576,6 +577,7 @@ class _Builder:
         x_in = self._merged(inputs, types)
         target = f"hetero_layers.{len(self.layers) - 1}"
         columns = {c for call in getattr(layer, "calls", ()) for _, c in call.edge_data}
+        columns |= {c for data in getattr(layer, "edge_data", {}).values() for _, c in data}
         kwargs = {_EDGE_ARG[c]: self.edge_args[c] for c in sorted(columns)}
         if "features" in columns:  # the width the engine checks the store's against
             layer.edge_dim = int(self.edge_columns["features"])
@@ -649,13 +651,17 @@ class _Builder:
             raise _error(
                 f"{where} takes the heterograph; hopserve serves DGL's HeteroGraphConv only"
             )
-        if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], dict):
+        args = dict(zip(("graph", "inputs", "mod_args", "mod_kwargs"), node.args, strict=False))
+        args.update(node.kwargs)
+        if args.get("mod_args") is not None or not isinstance(args.get("inputs"), dict):
             raise _error(
-                f"{where} must be called as conv(graph, x_dict) (no per-relation arguments, "
-                "no (src, dst) pair of dicts)"
+                f"{where} must be called as conv(graph, x_dict[, mod_kwargs={{etype: "
+                "{param: edge_data_dict[relation]}}]) (no mod_args, no (src, dst) pair of "
+                "dicts)"
             )
         for rel, mod in conv.mods.items():
             _check_dgl_relation_conv(mod, f"{node.target}.{rel}", where)
+        edge_data = self._dgl_edge_data(args.get("mod_kwargs"), conv, where)
         inputs = self._typed_inputs(node.args[1], where)
         types = sorted(inputs)
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
@@ -666,8 +672,40 @@ class _Builder:
         layer = DictConvLayer(
             conv, self.layout, relations, widths, _out_shape(out_widths, where), style="dgl"
         )
+        layer.edge_data = edge_data
         out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
+
+    def _dgl_edge_data(
+        self, mod_kwargs: Any, conv: nn.Module, where: str
+    ) -> dict[str, tuple[tuple[str, str], ...]]:
+        """``HeteroGraphConv``'s ``mod_kwargs`` as ``{etype: ((conv parameter, edge
+        column), ...)}``: each value must be its relation's rows of a per-relation edge data
+        dict (``edge_weight_dict[(src, etype, dst)]``)."""
+        if mod_kwargs is None:
+            return {}
+        if not isinstance(mod_kwargs, dict):
+            raise _error(f"{where}: its mod_kwargs must be a dict {{etype: {{param: value}}}}")
+        names = {k[1]: k for k in self.layout.relations}
+        out = {}
+        for etype, kw in mod_kwargs.items():
+            if etype not in names or not isinstance(kw, dict):
+                raise _error(
+                    f"{where}: mod_kwargs[{etype!r}] is not a relation's {{param: value}} "
+                    f"(relations: {', '.join(sorted(names))})"
+                )
+            data = []
+            for param, value in kw.items():
+                v = self.values.get(value) if isinstance(value, fx.Node) else None
+                if v is None or v.kind != "edge_data" or v.payload[1] != names[etype]:
+                    raise _error(
+                        f"{where}: mod_kwargs[{etype!r}][{param!r}] is not relation "
+                        f"{names[etype]}'s rows of a per-relation edge data dict "
+                        "(edge_weight_dict, edge_attr_dict)"
+                    )
+                data.append((param, v.payload[0]))
+            out[etype] = tuple(data)
+        return out
 
     def _typed_inputs(self, x_arg: dict, where: str) -> dict[int, fx.Node]:
         inputs: dict[int, fx.Node] = {}

@@ -255,17 +255,39 @@ class DictConvLayer(nn.Module):
         self.out_width = self.out_shape[0]
         self.num_relations = len(layout.relations)
         self.style = style
+        # DGL's mod_kwargs: {etype: ((conv parameter, edge column), ...)}, each relation
+        # conv's edge data from the store's columns (rows of its relation's edges)
+        self.edge_data: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.edge_dim: int | None = None  # edge feature width, when relation convs read them
 
-    def forward(self, x: Tensor, edge_index: Tensor, edge_type: Tensor) -> Tensor:
-        """The conv on the whole graph: rows in storage order."""
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        edge_type: Tensor,
+        edge_attr: Tensor | None = None,
+        edge_weight: Tensor | None = None,
+    ) -> Tensor:
+        """The conv on the whole graph: rows in storage order; ``edge_attr`` /
+        ``edge_weight``: the store's edge columns, for relation convs taking edge data."""
         types = self.layout.types_of(None, x.shape[0], x.device)
-        return self.on_rows(x, types, edge_index[0], edge_index[1], edge_type)
+        columns = {"features": edge_attr, "weight": edge_weight}
+        return self.on_rows(x, types, edge_index[0], edge_index[1], edge_type, columns)
 
-    def on_rows(self, x: Tensor, types: Tensor, src: Tensor, dst: Tensor, etype: Tensor) -> Tensor:
+    def on_rows(
+        self,
+        x: Tensor,
+        types: Tensor,
+        src: Tensor,
+        dst: Tensor,
+        etype: Tensor,
+        columns: dict[str, Tensor | None] | None = None,
+    ) -> Tensor:
         """The conv on rows ``x`` of types ``types`` with edges ``src -> dst`` (row
-        positions) of relations ``etype``; rows of types the conv does not output are 0.
-        Edges whose ends are not of their relation's types are left out (a typed store has
-        none; the load-time probe graph has)."""
+        positions) of relations ``etype`` (``columns``: the edges' rows of the store's edge
+        columns); rows of types the conv does not output are 0. Edges whose ends are not of
+        their relation's types are left out (a typed store has none; the load-time probe
+        graph has)."""
         n = x.shape[0]
         index = self.layout.names.index
         pos = torch.zeros(n, dtype=torch.long, device=x.device)
@@ -276,10 +298,14 @@ class DictConvLayer(nn.Module):
             pos[rows[t]] = torch.arange(rows[t].numel(), device=x.device)
             if t in self.in_widths:
                 x_dict[self.layout.names[t]] = x.index_select(0, rows[t])[:, : self.in_widths[t]]
-        edge_index_dict = {}
+        edge_index_dict, mod_kwargs = {}, {}
         for rel, key in self.relations:
             on = (etype == rel) & (types[src] == index(key[0])) & (types[dst] == index(key[2]))
             edge_index_dict[key] = torch.stack([pos[src[on]], pos[dst[on]]])
+            data = self.edge_data.get(key[1])
+            if data:
+                call = RelationCall(key, rel, index(key[0]), index(key[2]), data)
+                mod_kwargs[key[1]] = relation_edge_data(call, columns or {}, on)
         if self.style == "dgl":
             import dgl
 
@@ -290,7 +316,7 @@ class DictConvLayer(nn.Module):
                 device=x.device,
             )
             with zero_in_degree_allowed(self.conv):
-                result = self.conv(graph, x_dict)
+                result = self.conv(graph, x_dict, mod_kwargs=mod_kwargs or None)
         else:
             result = self.conv(x_dict, edge_index_dict)
         out = x.new_zeros((n, *self.out_shape))
