@@ -198,3 +198,68 @@ def test_mod_kwargs_of_another_relation_are_refused():
         ModelTraceError, match=r"mod_kwargs\['[\w-]+'\]\['edge_weight'\] is not relation"
     ):
         LayerwiseEvaluator(WrongRelation(["sage"] * 4).eval(), GraphStore.from_dgl(g))
+
+
+class EdgeFeatureRGCN(nn.Module):
+    """``NNConv`` relation convs conditioned on each relation's edge features, passed as
+    ``mod_kwargs={etype: {"efeat": ...}}`` from ``edge_attr_dict``; ``inputs`` by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = dglnn.HeteroGraphConv(
+            {
+                r[1]: dglnn.NNConv(
+                    (WIDTHS[r[0]], WIDTHS[r[2]]), 4, nn.Linear(2, WIDTHS[r[0]] * 4), "mean"
+                )
+                for r in RELATIONS
+            }
+        )
+
+    def forward(self, graph, inputs, edge_attr_dict):
+        kw = {et[1]: {"efeat": e} for et, e in edge_attr_dict.items()}
+        return self.conv(graph, inputs=inputs, mod_kwargs=kw)
+
+
+def test_per_relation_edge_features_through_mod_kwargs():
+    g = _heterograph(3)
+    gen = torch.Generator().manual_seed(4)
+    for et in g.canonical_etypes:
+        g.edges[et].data["feat"] = torch.randn(g.num_edges(et), 2, generator=gen)
+    feats = {et: g.edges[et].data["feat"] for et in g.canonical_etypes}
+    torch.manual_seed(0)
+    model = EdgeFeatureRGCN().eval()
+    with torch.no_grad():
+        want = model(g, _inputs(g), feats)
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)
+    offsets = {t.name: t.offset for t in store.node_types}
+    full = ev.evaluate()
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"NNConv {t}")
+
+
+def test_mod_kwargs_over_an_etype_naming_two_relations_are_refused():
+    gen = torch.Generator().manual_seed(0)
+    rel = [("user", "rates", "item"), ("item", "rates", "user")]
+    g = dgl.heterograph(
+        {r: (torch.randint(0, 6, (20,), generator=gen),) * 2 for r in rel},
+        num_nodes_dict={"user": 6, "item": 6},
+    )
+    for t in g.ntypes:
+        g.nodes[t].data["feat"] = torch.randn(6, 3, generator=gen)
+    for et in g.canonical_etypes:
+        g.edges[et].data["weight"] = torch.rand(20, generator=gen) + 0.5
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = dglnn.HeteroGraphConv(
+                {"rates": dglnn.GraphConv(3, 4, norm="right", allow_zero_in_degree=True)}
+            )
+
+        def forward(self, graph, inputs, edge_weight_dict):
+            kw = {et[1]: {"edge_weight": w} for et, w in edge_weight_dict.items()}
+            return self.conv(graph, inputs, mod_kwargs=kw)
+
+    with pytest.raises(ModelTraceError, match="etype 'rates' names several relations"):
+        LayerwiseEvaluator(Model().eval(), GraphStore.from_dgl(g), progress=False)

@@ -70,24 +70,24 @@ _EDGE_SCORES = {"GATConv", "DotGatConv", "AGNNConv"}
 SPMM_MIN_EDGES = 32768
 
 
-_ARANGES: dict[str, Tensor] = {}
+_ARANGE: list[Tensor] = []  # the shared CPU buffer, once made
 _ARANGE_LOCK = threading.Lock()
+SHARED_EDGE_IDS = 1 << 20
+"""Batches of at most this many edges share one int64 arange (8 MiB), made once per process."""
 
 
 def local_edge_ids(n: int, device: torch.device) -> Tensor:
-    """``arange(n)`` (int64) as a view of one buffer per device, grown by doubling: every
-    batch's block stores its local edge ids, and a new ``[E]`` arange per batch and layer
-    is work (and memory traffic) a view does not cost. Read-only: DGL keeps it as the
-    block's edge ids."""
-    key = str(device)
-    table = _ARANGES.get(key)
-    if table is None or table.numel() < n:
+    """``arange(n)`` (int64): on the CPU and for ``n <= SHARED_EDGE_IDS`` a view of one
+    shared buffer (every batch's block stores its local edge ids, and a new ``[E]`` arange
+    per batch and layer is work a view does not cost); a new arange otherwise, so nothing
+    larger outlives its batch. Read-only: DGL keeps it as the block's edge ids."""
+    if device.type != "cpu" or n > SHARED_EDGE_IDS:
+        return torch.arange(n, device=device)
+    if not _ARANGE:
         with _ARANGE_LOCK:
-            table = _ARANGES.get(key)
-            if table is None or table.numel() < n:
-                size = max(n, 2 * (0 if table is None else table.numel()))
-                table = _ARANGES[key] = torch.arange(size, device=device)
-    return table[:n]
+            if not _ARANGE:
+                _ARANGE.append(torch.arange(SHARED_EDGE_IDS))
+    return _ARANGE[0][:n]
 
 
 def dgl_block(batch: LayerBatch):

@@ -112,8 +112,9 @@ class DictConvAdapter(_TypedAdapter):
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
-        gathered keys, queries, values and the messages, about five input-wide rows)."""
-        return 6 * src_row_bytes
+        gathered keys, queries, values and the messages, about five input-wide rows), plus
+        the relations' copies of the edge features their convs read."""
+        return 6 * src_row_bytes + 8 * (self.edge_feature_dim or 0)
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv

@@ -483,11 +483,11 @@ class LayerwiseRun:
             if name not in outputs:
                 shape = (count, *out.shape[1:])
                 outputs[name] = self.allocator.allocate(name, shape, out.dtype)
+                if self._gathers_final(name, positions, outputs[name]):
+                    self._final_storage_order = True  # storage order now, one gather after
             dest = outputs[name]
-            scatter = self._positions(name, positions)
-            if scatter is not None and self._gathers_final(name, positions, dest):
-                scatter = None  # storage order now, one gather after the layer
-                self._final_storage_order = True
+            in_order = self._final_storage_order and self._is_final(name)
+            scatter = None if in_order else self._positions(name, positions)
             if scatter is not None:
                 rows_out = scatter[prepared.start : prepared.end]
                 dest.index_copy_(0, rows_out.to(dest.device), out.to(dest.device))
@@ -502,13 +502,17 @@ class LayerwiseRun:
         """Whether the final output is written in storage order and gathered into output
         order once after its layer (:meth:`_order_final`) instead of scattered batch by
         batch: on the host tier of a CPU run, where a gather is parallel and a scatter
-        (``index_copy_``) is not; the gather's second buffer comes after the layer's inputs
-        are freed, so the peak stays the layer's."""
+        (``index_copy_``) is not, and only while the host budget has room for the gather's
+        second buffer beside everything held now (the layer's inputs are freed before it)."""
+        allocator = self.allocator
+        nbytes = dest.numel() * dest.element_size()
         return (
             self._is_final(name)
             and name not in positions
+            and self.ctx.device.type == "cpu"
             and dest.device.type == "cpu"
-            and self.allocator.tiers.get(name) == "host"
+            and allocator.tiers.get(name) == "host"
+            and allocator.host_used + nbytes <= allocator.host_budget_bytes
         )
 
     def _order_final(self) -> None:
@@ -518,13 +522,11 @@ class LayerwiseRun:
         t = time.perf_counter()
         name = self.ctx.split.output
         table, rows = self.stored.pop(name)
-        self.allocator.release(name, table)
         ordered = table.index_select(0, self.final_order)
+        # Both held for a moment, both accounted: room was checked when the layer began.
+        self.allocator.adopt(name, ordered)
+        self.allocator.release(name, table)
         del table
-        if not self.allocator.adopt(name, ordered):  # over the host budget: its own tier
-            dest = self.allocator.allocate(name, tuple(ordered.shape), ordered.dtype)
-            dest.copy_(ordered)
-            ordered = dest
         self.stored[name] = (ordered, rows)
         self._final_storage_order = False
         self.stats.write_out_s += time.perf_counter() - t

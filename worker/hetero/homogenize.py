@@ -35,6 +35,7 @@ import inspect
 import math
 import operator
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -501,7 +502,7 @@ class _Builder:
         from hopserve.worker.convs.registry import is_conv_module
 
         if is_conv_module(module):
-            if len(node.args) > 1 and self._kind(node.args[0]) == "graph":
+            if node.args and self._kind(node.args[0]) == "graph":
                 return self._dgl_dict_conv(node, module)
             if node.args and isinstance(node.args[0], dict):
                 return self._dict_conv(node, module)
@@ -662,7 +663,7 @@ class _Builder:
         for rel, mod in conv.mods.items():
             _check_dgl_relation_conv(mod, f"{node.target}.{rel}", where)
         edge_data = self._dgl_edge_data(args.get("mod_kwargs"), conv, where)
-        inputs = self._typed_inputs(node.args[1], where)
+        inputs = self._typed_inputs(args["inputs"], where)
         types = sorted(inputs)
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
         out_widths = {
@@ -687,6 +688,14 @@ class _Builder:
         if not isinstance(mod_kwargs, dict):
             raise _error(f"{where}: its mod_kwargs must be a dict {{etype: {{param: value}}}}")
         names = {k[1]: k for k in self.layout.relations}
+        counts = Counter(k[1] for k in self.layout.relations)
+        shared = sorted(n for n, c in counts.items() if c > 1)
+        if shared:
+            raise _error(
+                f"{where}: mod_kwargs are keyed by etype, and etype {shared[0]!r} names several "
+                f"relations ({', '.join(str(k) for k in self.layout.relations if k[1] == shared[0])}"
+                "); give each relation its own etype name"
+            )
         out = {}
         for etype, kw in mod_kwargs.items():
             if etype not in names or not isinstance(kw, dict):

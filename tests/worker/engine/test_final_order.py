@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support import assert_exact
-from support.models import build
+from support.models import OneConv, build
 
 from hopserve import GraphStore, LayerwiseEvaluator
 from hopserve.worker.engine.run import LayerwiseRun
@@ -63,4 +63,25 @@ def test_a_final_output_on_disk_keeps_the_scatter(reordered, monkeypatch, tmp_pa
     seen.clear()
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(x, edge_index), "final output on disk")
-    assert seen == [False] and "disk" in ev.last_stats.tiers.values()
+    assert seen == [False] and ev.last_stats.tiers[ev.split.output] == "disk"
+
+
+def test_no_room_for_the_gather_keeps_the_scatter(reordered, monkeypatch):
+    """A host budget with room for the final output but not for the gather's second
+    buffer beside it: the rows are scattered batch by batch, on the host tier, exact (one
+    SAGE layer: its input is the store's features, so the output is all the run holds)."""
+    from torch_geometric.nn import SAGEConv
+
+    edge_index, x, store = reordered
+    torch.manual_seed(3)
+    model = OneConv(SAGEConv(6, 5)).eval()
+    out_bytes = store.num_nodes * 5 * 4
+    for budget, gathers in ((2 * out_bytes, True), (2 * out_bytes - 1, False)):
+        seen = _gathers(monkeypatch)
+        ev = LayerwiseEvaluator(
+            model, store, init_batch_nodes=50, progress=False, host_memory_budget_bytes=budget
+        )
+        seen.clear()
+        with torch.no_grad():
+            assert_exact(ev.evaluate(), model(x, edge_index), f"host budget {budget}")
+        assert seen == [gathers] and ev.last_stats.tiers[ev.split.output] == "host"
