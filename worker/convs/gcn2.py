@@ -58,20 +58,33 @@ def _spmm(adj: Tensor, x: Tensor) -> Tensor:
     return spmm(adj, x, reduce="sum")
 
 
-class GCN2Adapter(GCNAdapter):
-    """``GCN2Conv(x, x_0, edge_index[, edge_weight])`` with whole-graph ``gcn_norm``."""
+class _InitialResidualAdapter(GCNAdapter):
+    """A ``gcn_norm``'d conv of ``(x, x_0, edge_index[, edge_weight])`` (``improved=False``)
+    as its class ``library_class()`` writes it; ``x_0`` on destination rows."""
 
     node_inputs = {"x_0": "dst"}
 
-    def __init__(self, conv) -> None:  # noqa: ANN001
-        from torch_geometric.nn import GCN2Conv
+    @staticmethod
+    def library_class() -> type:
+        raise NotImplementedError
 
-        check_as_written(conv, GCN2Conv)
+    def __init__(self, conv) -> None:  # noqa: ANN001
+        check_as_written(conv, self.library_class())
         super().__init__(conv)
 
     @property
     def improved(self) -> bool:
-        return False  # GCN2Conv calls gcn_norm(..., improved=False)
+        return False  # both call gcn_norm(..., improved=False)
+
+
+class GCN2Adapter(_InitialResidualAdapter):
+    """``GCN2Conv(x, x_0, edge_index[, edge_weight])`` with whole-graph ``gcn_norm``."""
+
+    @staticmethod
+    def library_class() -> type:
+        from torch_geometric.nn import GCN2Conv
+
+        return GCN2Conv
 
     def run(self, x: Tensor, batch: LayerBatch, x_0: Tensor) -> Tensor:  # type: ignore[override]
         conv = self.conv
@@ -86,21 +99,15 @@ class GCN2Adapter(GCNAdapter):
         return out + torch.addmm(x_0, x_0, conv.weight2, beta=1.0 - beta, alpha=beta)
 
 
-class FAAdapter(GCNAdapter):
+class FAAdapter(_InitialResidualAdapter):
     """``FAConv(x, x_0, edge_index[, edge_weight])``: tanh attention over ``gcn_norm``'s
     whole-graph weights (or the raw edge weights with ``normalize=False``)."""
 
-    node_inputs = {"x_0": "dst"}
-
-    def __init__(self, conv) -> None:  # noqa: ANN001
+    @staticmethod
+    def library_class() -> type:
         from torch_geometric.nn import FAConv
 
-        check_as_written(conv, FAConv)
-        super().__init__(conv)
-
-    @property
-    def improved(self) -> bool:
-        return False  # FAConv calls gcn_norm(..., improved=False)
+        return FAConv
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         return 40 + 16  # the weighted CSR, plus each edge's row id and attention

@@ -22,6 +22,7 @@ from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
+    edge_columns,
     group_relations,
     relation_edge_data,
 )
@@ -49,7 +50,7 @@ class HeteroLayerAdapter(_TypedAdapter):
         num_dst = batch.num_dst
         values = self.edge_values(batch)
         edge_type = values["edge_type"]
-        columns = {"features": values.get("edge_attr"), "weight": values.get("edge_weight")}
+        columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
         src_index, dst_index = batch.src_index, batch.dst_index
         out = x.new_zeros((num_dst, *layer.out_shape))
@@ -119,7 +120,7 @@ class DictConvAdapter(_TypedAdapter):
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
         values = self.edge_values(batch)
-        columns = {"features": values.get("edge_attr"), "weight": values.get("edge_weight")}
+        columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
         out = layer.on_rows(
             x, types, batch.src_index, batch.dst_index, values["edge_type"], columns

@@ -662,7 +662,7 @@ class _Builder:
             )
         for rel, mod in conv.mods.items():
             _check_dgl_relation_conv(mod, f"{node.target}.{rel}", where)
-        edge_data = self._dgl_edge_data(args.get("mod_kwargs"), conv, where)
+        edge_data = self._dgl_edge_data(args.get("mod_kwargs"), where)
         inputs = self._typed_inputs(args["inputs"], where)
         types = sorted(inputs)
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
@@ -677,9 +677,7 @@ class _Builder:
         out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
 
-    def _dgl_edge_data(
-        self, mod_kwargs: Any, conv: nn.Module, where: str
-    ) -> dict[str, tuple[tuple[str, str], ...]]:
+    def _dgl_edge_data(self, mod_kwargs: Any, where: str) -> dict[str, tuple[tuple[str, str], ...]]:
         """``HeteroGraphConv``'s ``mod_kwargs`` as ``{etype: ((conv parameter, edge
         column), ...)}``: each value must be its relation's rows of a per-relation edge data
         dict (``edge_weight_dict[(src, etype, dst)]``)."""

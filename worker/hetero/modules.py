@@ -35,9 +35,16 @@ __all__ = [
     "RelationCall",
     "TypedMerge",
     "TypedRows",
+    "edge_columns",
     "group_relations",
     "relation_edge_data",
 ]
+
+
+def edge_columns(edge_attr: Tensor | None, edge_weight: Tensor | None) -> dict[str, Tensor | None]:
+    """The store's edge columns by name (what :attr:`RelationCall.edge_data` names), from
+    the homogeneous form's ``edge_attr`` / ``edge_weight`` arguments."""
+    return {"features": edge_attr, "weight": edge_weight}
 
 
 def relation_edge_data(
@@ -141,7 +148,7 @@ class HeteroLayer(nn.Module):
     ) -> Tensor:
         """The layer on the whole graph: rows in storage order; ``edge_attr`` /
         ``edge_weight``: the store's edge columns, for relation convs taking edge data."""
-        columns = {"features": edge_attr, "weight": edge_weight}
+        columns = edge_columns(edge_attr, edge_weight)
         n = x.shape[0]
         types = self.layout.types_of(None, n, x.device)
         out = x.new_zeros((n, *self.out_shape))
@@ -271,7 +278,7 @@ class DictConvLayer(nn.Module):
         """The conv on the whole graph: rows in storage order; ``edge_attr`` /
         ``edge_weight``: the store's edge columns, for relation convs taking edge data."""
         types = self.layout.types_of(None, x.shape[0], x.device)
-        columns = {"features": edge_attr, "weight": edge_weight}
+        columns = edge_columns(edge_attr, edge_weight)
         return self.on_rows(x, types, edge_index[0], edge_index[1], edge_type, columns)
 
     def on_rows(

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -137,14 +138,19 @@ def check_recovered(path: Path, expected: Expected, floor: int, acked: list[int]
     return seq
 
 
-def run_rounds(graph: Path, pristine: Path, plans: list[tuple[str, str, int, float]]) -> int:
-    """Kill a writer once per plan ``(mode, wait_for, count, delay)``: after ``count``
-    lines starting with ``wait_for`` (``count`` 0: right after the spawn) and ``delay``
-    seconds more. Returns the final sequence."""
-    expected = Expected(pristine, SEED, DIM)
+def run_rounds(
+    graph: Path,
+    plans: list[tuple[str, str, int, float]],
+    recover: Callable[[Path, int, list[int]], int],
+    script: str = CHILD,
+) -> int:
+    """Kill a writer (``script``) once per plan ``(mode, wait_for, count, delay)``: after
+    ``count`` lines starting with ``wait_for`` (``count`` 0: right after the spawn) and
+    ``delay`` seconds more; ``recover(graph, floor, acked)`` checks the reopened graph and
+    returns its sequence. Returns the final sequence."""
     seq = 0
     for mode, prefix, count, delay in plans:
-        child = Child(graph, mode, upto=seq + 500)
+        child = Child(graph, mode, upto=seq + 500, script=script)
         finished = not child.wait_for(prefix, count) if count else False
         time.sleep(delay)
         child.kill()
@@ -152,8 +158,14 @@ def run_rounds(graph: Path, pristine: Path, plans: list[tuple[str, str, int, flo
         assert "Traceback" not in child.stderr, child.stderr
         acked = child.acked
         assert acked == list(range(seq + 1, seq + 1 + len(acked))), "acks out of order"
-        seq = check_recovered(graph, expected, seq, acked)
+        seq = recover(graph, seq, acked)
     return seq
+
+
+def _stream_recovery(pristine: Path) -> Callable[[Path, int, list[int]], int]:
+    """:func:`check_recovered` against the untyped stream replayed on ``pristine``."""
+    expected = Expected(pristine, SEED, DIM)
+    return lambda graph, floor, acked: check_recovered(graph, expected, floor, acked)
 
 
 def test_kill_during_a_stream_of_updates(graph: Path, pristine: Path) -> None:
@@ -161,7 +173,7 @@ def test_kill_during_a_stream_of_updates(graph: Path, pristine: Path) -> None:
     plans = [("stream", "ack", 0, rnd.uniform(0.0, 0.3))]  # very early: before the open
     plans += [("stream", "open", 1, 0.0)]  # right after the open
     plans += [("stream", "ack", rnd.randint(1, 6), rnd.uniform(0, 0.004)) for _ in range(2)]
-    seq = run_rounds(graph, pristine, plans)
+    seq = run_rounds(graph, plans, _stream_recovery(pristine))
     # a fresh writer (this process) cuts any torn tail and continues the stream
     live = open_live(graph, with_features=True)
     state = live_state(live)
@@ -193,7 +205,7 @@ def test_kill_during_compaction(graph: Path, pristine: Path) -> None:
     plans = [("compact", "ack", 1, rnd.uniform(0, 0.03))]  # inside the first compaction
     plans += [("compact", "compacted", rnd.randint(1, 3), rnd.uniform(0, 0.03)) for _ in range(2)]
     plans += [("mixed", "ack", rnd.randint(3, 8), rnd.uniform(0, 0.004))]
-    seq = run_rounds(graph, pristine, plans)
+    seq = run_rounds(graph, plans, _stream_recovery(pristine))
     # a clean compaction afterwards: only the base in use is left, the log holds no batch
     live = open_live(graph, with_features=True)
     assert live.compact() == seq
@@ -236,18 +248,8 @@ def test_kill_during_compaction_of_a_typed_graph_with_added_nodes(tmp_path: Path
     plans = [("compact", "ack", 1, rnd.uniform(0, 0.03))]
     plans += [("compact", "compacted", rnd.randint(1, 3), rnd.uniform(0, 0.03)) for _ in range(3)]
     plans += [("stream", "ack", rnd.randint(2, 5), rnd.uniform(0, 0.004))]
-    seq = 0
     try:
-        for mode, prefix, count, delay in plans:
-            child = Child(graph, mode, upto=seq + 200, script=TYPED_CHILD)
-            finished = not child.wait_for(prefix, count)
-            time.sleep(delay)
-            child.kill()
-            assert child.proc.returncode == -signal.SIGKILL or finished, child.stderr
-            assert "Traceback" not in child.stderr, child.stderr
-            acked = child.acked
-            assert acked == list(range(seq + 1, seq + 1 + len(acked))), "acks out of order"
-            seq = check_typed_recovered(graph, seq, acked)
+        seq = run_rounds(graph, plans, check_typed_recovered, script=TYPED_CHILD)
         assert seq >= 3
         live = open_live(graph, with_features=True)
         assert live.compact() == seq
