@@ -195,9 +195,9 @@ ROWS: dict[str, tuple[str, object, str]] = {
     "GCN2Conv": (
         "adapted",
         _gcn2,
-        "in-degree normalization from whole-graph degrees; the initial representation "
-        "feat_0 read on the destination rows (edge weights refused: EdgeWeightNorm over "
-        "weighted whole-graph degrees)",
+        "in-degree normalization from whole-graph degrees (with edge_weight, "
+        "EdgeWeightNorm's weighted out-degrees from the whole graph); the initial "
+        "representation feat_0 read on the destination rows",
     ),
     "EdgeWeightNorm": (
         "refused",

@@ -261,16 +261,27 @@ def sampled_out_degrees(
     layer: int,
     seed: int,
     out_degrees: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Out-degree of every node in :math:`G_l`, int64 ``[N]``.
+    """Out-degree of every node in :math:`G_l`, int64 ``[N]``; with ``weights`` (``[E]``,
+    CSC order) the weighted out-degree, float64 ``[N]``: the sum of the weights of the
+    node's out-edges in :math:`G_l`.
 
     A node's out-edges in :math:`G_l` are decided by its out-neighbours' samples, so this
     needs :math:`G_l` for all nodes. Only nodes with more in-edges than ``fanout`` lose
     edges: their in-edges are sampled and the rest are counted as in the whole graph
     (``out_degrees``, the whole graph's, if given). Cost: O(N) plus hashing and sorting
-    the in-edges of those nodes (O(E log E) at worst); callers cache the result per
-    ``(graph, layer, fanout, seed)``.
+    the in-edges of those nodes (O(E log E) at worst; weighted: O(E)); callers cache the
+    result per ``(graph, layer, fanout, seed)``.
     """
+    if weights is not None:
+        keep = np.ones(indices.size, dtype=bool)
+        big = np.flatnonzero(np.diff(indptr) > fanout) if fanout >= 0 else np.empty(0, int)
+        if big.size:
+            keep[segment_positions(indptr, big)[0]] = False
+            keep[sample_in_edges(indptr, big, fanout, layer, seed)[1]] = True
+        w = np.asarray(weights, dtype=np.float64)
+        return np.bincount(indices[keep], weights=w[keep], minlength=num_nodes)
     if out_degrees is None:
         out = np.bincount(indices, minlength=num_nodes).astype(np.int64)
     else:

@@ -142,3 +142,7 @@ def test_sampled_degree_helpers_match_the_sampled_graph(n, data, fanout, layer, 
         deg, loops = sampled_in_degrees(indptr, indices, nodes, fanout, layer, seed, known)
         assert np.array_equal(deg, want_in[nodes]) and np.array_equal(loops, want_loops[nodes])
     assert np.array_equal(sampled_out_degrees(indptr, indices, n, fanout, layer, seed), want_out)
+    weights = np.random.default_rng(seed % 2**32).random(indices.size) + 0.5
+    want_weighted = np.bincount(src, weights=weights[pos], minlength=n)
+    got = sampled_out_degrees(indptr, indices, n, fanout, layer, seed, weights=weights)
+    assert np.allclose(got, want_weighted, rtol=1e-12, atol=0)
