@@ -1,5 +1,6 @@
-"""Typed graphs: RGCN and HGT on the synthetic recommender graph, hopserve vs DGL's and
-PyG's own inference, same graph, same model object and weights, one run.
+"""Typed graphs: RGCN, HGT and to_hetero SAGE on the synthetic recommender graph,
+hopserve vs DGL's and PyG's own inference, same graph, same model object and weights, one
+run.
 
 Run in the DGL venv (DGL 2.1 needs torch 2.2.1; PyG is installed there too)::
 
@@ -18,7 +19,9 @@ of each edge, as DGL's RGCN example does on ``dgl.to_homogeneous``:
   batch's typed subgraph. PyG's full-graph forward is its baseline;
 * ``dgl-hgt`` — DGL ``HGTConv`` x L (2 heads), ``forward(g, x, ntype, etype)`` as DGL's
   HGT example runs it on ``dgl.to_homogeneous`` (node type ids from the store's types),
-  against DGL's own layer-wise loop and full-graph forward.
+  against DGL's own layer-wise loop and full-graph forward;
+* ``to-hetero`` — PyG ``to_hetero`` (``aggr="sum"``) of a homogeneous GraphSAGE x L (a
+  ``SAGEConv`` copy per relation), against its own full-graph forward.
 
 Methods (each in its own interpreter; peak RSS over the child's RSS before it opened the
 graph, against the memory model graph + features + two layers of ``hidden``-wide rows):
@@ -52,8 +55,9 @@ FULL = {
     "pyg": ("hopserve", "pyg-fullgraph"),
     "hgt": ("hopserve", "hgt-fullgraph"),
     "dgl-hgt": ("hopserve", "dgl-manual", "dgl-hgt-fullgraph"),
+    "to-hetero": ("hopserve", "to-hetero-fullgraph"),
 }
-MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT", "dgl-hgt": "HGT"}
+MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT", "dgl-hgt": "HGT", "to-hetero": "SAGE"}
 CHILD_KEYS = ("hidden", "out_dim", "bases", "threads", "budget_mb")
 
 
@@ -69,6 +73,22 @@ def make_model(
 
     dims = [d_in] + [hidden] * (layers - 1) + [d_out]
     torch.manual_seed(0)
+    if library == "to-hetero":
+        from torch_geometric.nn import SAGEConv, to_hetero
+
+        class SAGE(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.convs = nn.ModuleList(SAGEConv((-1, -1), b) for b in dims[1:])
+
+            def forward(self, x, edge_index):
+                for i, conv in enumerate(self.convs):
+                    x = conv(x, edge_index)
+                    if i < len(self.convs) - 1:
+                        x = x.relu()
+                return x
+
+        return to_hetero(SAGE(), metadata, aggr="sum").eval()
     if library == "hgt":
         from torch_geometric.nn import HGTConv
 
@@ -243,6 +263,13 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         args.library, args.num_layers, store.feature_dim, args.hidden, args.out_dim, rels,
         args.bases, metadata_of(store),
     )  # fmt: skip
+    if args.library == "to-hetero":  # lazy SAGEConv((-1, -1)) widths: a tiny forward
+        types, relations = metadata_of(store)
+        with torch.no_grad():
+            model(
+                {t.name: torch.zeros(1, t.feature_dim) for t in store.node_types},
+                {r: torch.zeros(2, 1, dtype=torch.long) for r in relations},
+            )
     base_rss = harness.current_rss_mb()  # the store is memory-mapped: pages read count
     targets = None
     result: dict[str, Any] = {
@@ -291,7 +318,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
             out, secs = harness.timed(
                 lambda: dgl_nodewise(model, g, x, etype, targets, args.nodewise_batch), args.repeat
             )
-    elif method == "hgt-fullgraph":
+    elif method in ("hgt-fullgraph", "to-hetero-fullgraph"):
         x_dict, edge_index_dict = typed_inputs(store)
 
         def forward():
@@ -499,7 +526,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             + (f" / {manual['scaled_max_abs_diff']:.1e}" if manual else ""),
         ])  # fmt: skip
     lines = [
-        f"RGCN and HGT on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
+        f"RGCN, HGT and to_hetero SAGE on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
         f"{args.threads} threads ({setup['machine']}); {versions}; hopserve's batch budget "
@@ -564,7 +591,7 @@ def plot(rows: list[dict], path: Path, setup: dict) -> None:
     )
     ax.set_ylabel("seconds (full evaluation)")
     ax.set_title(
-        f"RGCN and HGT, recommender graph, {setup['graph']['nodes']:,} nodes, CPU", fontsize=9
+        f"RGCN, HGT, to_hetero SAGE; recommender graph, {setup['graph']['nodes']:,} nodes, CPU", fontsize=9
     )
     ax.legend(fontsize=7)
     harness.save_figure(fig, path)

@@ -66,9 +66,9 @@ class HeteroLayerAdapter(_TypedAdapter):
             for k in ks:
                 # A typed store's relation-r edges all end in type t; the load-time probe
                 # graph's need not, and the layer's forward ignores those (rows of t only).
-                on = (edge_type == layer.calls[k].relation) & (at_t >= 0)
-                src = src_index[on]
-                dst = at_t[on]
+                on = ((edge_type == layer.calls[k].relation) & (at_t >= 0)).nonzero().squeeze(1)
+                src = src_index.index_select(0, on)
+                dst = at_t.index_select(0, on)
                 kw = relation_edge_data(layer.calls[k], columns, on)
                 outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
             y = group_relations(outs, layer.aggr)
@@ -91,7 +91,7 @@ class HeteroLayerAdapter(_TypedAdapter):
         call, conv = layer.calls[k], layer.convs[k]
         num_t = x_dst.shape[0]
         if call.src != call.dst:
-            uniq, local = torch.unique(src, return_inverse=True)
+            uniq, local = _compact(src, x.shape[0])
             x_src = x.index_select(0, uniq)[:, : layer.in_widths[call.src]]
             return conv((x_src, x_dst), torch.stack([local, dst]), **edge_kw)
         # One square table: the destinations first, then the other sources.
@@ -100,11 +100,22 @@ class HeteroLayerAdapter(_TypedAdapter):
         in_batch = src < num_dst
         at_dst[in_batch] = pos_in_t[src[in_batch]]
         is_dst = at_dst >= 0
-        others = torch.unique(src[~is_dst])
-        local = torch.where(is_dst, at_dst, num_t + torch.searchsorted(others, src))
+        others, at_others = _compact(src, x.shape[0], keep=~is_dst)
+        local = torch.where(is_dst, at_dst, num_t + at_others)
         width = layer.in_widths[call.dst]
         table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
         return conv(table, torch.stack([local, dst]), **edge_kw)[:num_t]
+
+
+def _compact(index: Tensor, n: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(uniq, position)``: the distinct values of ``index`` (``< n``; only where ``keep``,
+    when given) ascending, as ``torch.unique`` gives them, and each entry's position among
+    them (meaningful where kept). A mark per row, ``O(n + E)``: no sort of the edges."""
+    mark = torch.zeros(n, dtype=torch.bool, device=index.device)
+    mark[index if keep is None else index[keep]] = True
+    uniq = mark.nonzero().squeeze(1)
+    position = torch.cumsum(mark, 0).sub_(1)
+    return uniq, position.index_select(0, index)
 
 
 class DictConvAdapter(_TypedAdapter):

@@ -399,13 +399,18 @@ class _Builder:
                 self.values[node] = _Value(None, kind="edge_data", payload=payload)
             else:
                 self.values[node] = _Value(None, kind="edges", payload=key)
+        self.joined = _to_hetero_layers(self) if _is_to_hetero(self.model) else {}
+        absorbed = {n for j in self.joined.values() for n in j.absorbed}
         output = None
         for node in gm.graph.nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" or node in absorbed:
                 continue
             if node.op == "output":
                 output = node
                 break
+            if node in self.joined:
+                self.values[node] = self._joined_layer(node)
+                continue
             self.values[node] = self._node(node)
         assert output is not None
         result, types, dims = self._output(output, out_spec)
@@ -610,7 +615,20 @@ class _Builder:
 
     def _relation_conv(self, node: fx.Node, conv: nn.Module) -> _Value:
         """One relation conv of a ``to_hetero`` model: ``conv((x_s, x_t), edge_index_r)`` or
-        ``conv(x_t, edge_index_r)``, a one-relation :class:`HeteroLayer`."""
+        ``conv(x_t, edge_index_r)``, a one-relation :class:`HeteroLayer` (a conv whose
+        output is not only joined with its destination type's others: see
+        :func:`_to_hetero_layers`)."""
+        call, inputs, widths = self._relation_parts(node, conv)
+        types = sorted(inputs)
+        out_width = tuple(self.shapes[node][1:])
+        layer = HeteroLayer([conv], [call], "sum", self.layout, widths, out_width)
+        return _Value(self._layer(layer, [inputs[t] for t in types], types), call.dst)
+
+    def _relation_parts(
+        self, node: fx.Node, conv: nn.Module
+    ) -> tuple[RelationCall, dict[int, fx.Node], dict[int, int]]:
+        """A relation conv call's relation, its input per node type (homogeneous nodes)
+        and their widths, after checking the call (see :meth:`_relation_conv`)."""
         where = f"conv '{node.target}' at {self._where(node)}"
         if len(node.args) < 2:
             raise _error(f"{where} must be called as conv(x, edge_index, ...)")
@@ -633,12 +651,39 @@ class _Builder:
         _check_relation_conv(conv, str(node.target), where)
         data = self._edge_data(conv, key, node.args[2:], dict(node.kwargs), where)
         call = RelationCall(key, rel, src, dst, data)
-        types = sorted({src, dst})
         widths = {t: int(self.shapes[a][-1]) for t, a in ((src, pair[0]), (dst, pair[1]))}
-        out_width = tuple(self.shapes[node][1:])
-        layer = HeteroLayer([conv], [call], "sum", self.layout, widths, out_width)
         inputs = {src: self.values[pair[0]].node, dst: self.values[pair[1]].node}
-        return _Value(self._layer(layer, [inputs[t] for t in types], types), dst)
+        return call, inputs, widths
+
+    def _joined_layer(self, node: fx.Node) -> _Value:
+        """A destination type's joined output of a ``to_hetero`` layer
+        (:func:`_to_hetero_layers`): the first one met emits the layer, every relation
+        conv of it in one :class:`HeteroLayer` with ``to_hetero``'s aggregation; each
+        type's value is that one table (its first columns, when narrower)."""
+        joined = self.joined[node]
+        if joined.out is None:
+            calls, convs, inputs, widths = [], [], {}, {}
+            for leaf in joined.leaves:
+                conv = self.gm.get_submodule(str(leaf.target))
+                call, ins, w = self._relation_parts(leaf, conv)
+                for t, a in ins.items():
+                    if inputs.setdefault(t, a) is not a:  # fx arguments agreed; values too
+                        raise _error(f"conv '{leaf.target}' reads another value of its type")
+                calls.append(call)
+                convs.append(conv)
+                widths.update(w)
+            where = f"to_hetero layer '{joined.name}'"
+            out_widths = {t: tuple(self.shapes[r][1:]) for t, r in joined.roots.items()}
+            out_shape = _out_shape(out_widths, where)
+            layer = HeteroLayer(convs, calls, joined.aggr, self.layout, widths, out_shape)
+            types = sorted(inputs)
+            joined.out = self._layer(layer, [inputs[t] for t in types], types)
+            joined.out_shape = out_shape
+        t = next(t for t, r in joined.roots.items() if r is node)
+        width = tuple(self.shapes[node][1:])
+        if width == joined.out_shape:
+            return _Value(joined.out, t)
+        return _Value(self._columns(joined.out, width[0]), t)
 
     def _kind(self, a: Any) -> str | None:
         v = self.values.get(a) if isinstance(a, fx.Node) else None
@@ -813,6 +858,142 @@ class _Builder:
     def _row_width(self, node: fx.Node) -> int:
         """Values per row of a traced tensor (its shape on the example graph, rows aside)."""
         return int(math.prod(self.shapes[node][1:]))
+
+
+_JOINS = {torch.add: "sum", torch.max: "max"}
+"""The pairwise ops ``to_hetero`` joins a destination type's relation outputs with (its
+``"mean"`` is the ``torch.add`` tree divided by the count)."""
+
+
+class _Joined:
+    """One ``to_hetero`` layer (the relation convs of one module of the original model):
+    its relation conv calls, each destination type's join root, the aggregation, and
+    every dict-graph node the one :class:`HeteroLayer` stands for."""
+
+    def __init__(self, name: str, leaves: list[fx.Node], roots: dict[int, fx.Node], aggr: str,
+                 absorbed: set[fx.Node]) -> None:  # fmt: skip
+        self.name, self.leaves, self.roots, self.aggr = name, leaves, roots, aggr
+        self.absorbed = absorbed
+        self.out: fx.Node | None = None  # the layer's call, once emitted
+        self.out_shape: tuple[int, ...] = ()
+
+
+def _to_hetero_layers(builder: _Builder) -> dict[fx.Node, _Joined]:
+    """``to_hetero``'s layers whose relation convs feed only their destination type's join:
+    root node (a type's joined value) -> its layer.
+
+    ``to_hetero`` calls a copy of a conv per relation (``conv.<src>__<rel>__<dst>``), then
+    joins each destination type's outputs pairwise (``torch.add``, ``torch.max``; ``mean``
+    divides the sum by the count). Run as written, every relation output is a table of its
+    own, so a layer keeps one table per relation and reads the batch's edges once per
+    relation; as one :class:`HeteroLayer` (``HeteroConv``'s aggregation) the layer is one
+    table and one pass. A layer is joined only when the pattern is exactly that: each
+    relation output used once, by its type's join; every join used once, inside it (a mean's
+    sum by its division by the count); one input value per node type. Otherwise it runs as
+    written (still exact).
+    """
+    from hopserve.worker.convs.registry import is_conv_module
+
+    gm, values = builder.gm, builder.values
+    layers: dict[str, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or len(node.args) < 2:
+            continue
+        edges = values.get(node.args[1]) if isinstance(node.args[1], fx.Node) else None
+        if edges is None or edges.kind != "edges":
+            continue
+        if is_conv_module(gm.get_submodule(str(node.target))):
+            layers.setdefault(str(node.target).rpartition(".")[0], []).append(node)
+    out: dict[fx.Node, _Joined] = {}
+    for name, leaves in layers.items():
+        joined = _joined(name, leaves, builder)
+        if joined is not None:
+            out.update(dict.fromkeys(joined.roots.values(), joined))
+    return out
+
+
+def _joined(name: str, leaves: list[fx.Node], builder: _Builder) -> _Joined | None:
+    """The :class:`_Joined` of one ``to_hetero`` layer's relation convs, or ``None`` when
+    they are not only joined per destination type (see :func:`_to_hetero_layers`)."""
+    by_dst: dict[int, list[fx.Node]] = {}
+    per_type: dict[int, fx.Node] = {}
+    for leaf in leaves:
+        key = tuple(builder.values[leaf.args[1]].payload)
+        src, dst = builder.layout.index(key[0]), builder.layout.index(key[2])
+        x_arg = leaf.args[0]
+        pair = x_arg if isinstance(x_arg, (tuple, list)) else (x_arg, x_arg)
+        if len(pair) != 2:
+            return None
+        for t, a in ((src, pair[0]), (dst, pair[1])):
+            if per_type.setdefault(t, a) is not a:
+                return None
+        by_dst.setdefault(dst, []).append(leaf)
+    roots: dict[int, fx.Node] = {}
+    absorbed: set[fx.Node] = set()
+    aggrs: set[str] = set()
+    for t, group in by_dst.items():
+        if len(group) == 1:
+            roots[t] = group[0]
+            continue
+        tree = _join_tree(group)
+        if tree is None:
+            return None
+        root, inner, aggr = tree
+        roots[t] = root
+        absorbed |= inner
+        aggrs.add(aggr)
+    if len(aggrs) > 1 or len(leaves) == 1:
+        return None
+    return _Joined(name, leaves, roots, aggrs.pop() if aggrs else "sum", absorbed)
+
+
+def _join_tree(leaves: list[fx.Node]) -> tuple[fx.Node, set[fx.Node], str] | None:
+    """``(root, inner nodes, aggregation)`` when ``leaves`` are used only by one binary
+    join tree of one op (every node of it used once, by the next join; ``mean``: the sum's
+    one user is its division by ``len(leaves)``), else ``None``."""
+    joins: set[fx.Node] = set()
+    ends: list[fx.Node] = []  # tree nodes not used by a join: the root alone
+    frontier, target = list(leaves), None
+    while frontier:
+        node = frontier.pop()
+        users = list(node.users)
+        join = users[0] if len(users) == 1 else None
+        if (
+            join is not None
+            and join.op == "call_function"
+            and join.target in _JOINS
+            and len(join.args) == 2
+            and not join.kwargs
+        ):
+            target = target or join.target
+            if join.target is not target:
+                return None
+            if join not in joins:
+                joins.add(join)
+                frontier.append(join)
+        elif node in joins:
+            ends.append(node)
+        else:
+            return None  # a relation output used elsewhere
+    members = joins | set(leaves)
+    if len(ends) != 1 or len(joins) != len(leaves) - 1:
+        return None
+    if any(a not in members for j in joins for a in j.args):
+        return None
+    root = ends[0]
+    inner = members - {root}
+    aggr = _JOINS[target]
+    (user,) = root.users if len(root.users) == 1 else (None,)
+    if (
+        aggr == "sum"
+        and user is not None
+        and user.op == "call_function"
+        and user.target is torch.div
+        and user.args == (root, len(leaves))
+        and not user.kwargs
+    ):
+        return user, members, "mean"  # to_hetero's mean: the sum divided by the count
+    return root, inner, aggr
 
 
 def _out_shape(shapes: dict[int, tuple[int, ...]], where: str) -> tuple[int, ...]:

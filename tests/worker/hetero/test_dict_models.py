@@ -382,3 +382,44 @@ def test_han_is_refused_naming_its_global_attention():
     data = _fake(0)
     model = OneConv(pyg.HANConv(-1, H, data.metadata()))
     assert_refused(model, data, "HANConv.*averages a score over every node")
+
+
+# --------------------------------------------------------------------------- to_hetero joins
+def _convs_per_layer(ev: LayerwiseEvaluator) -> list[int]:
+    return [len(block.convs) for block in ev.split.blocks if block.convs]
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean", "max"])
+def test_to_hetero_layer_is_one_typed_layer(aggr):
+    """A ``to_hetero`` layer's relation convs and their joins run as one HeteroLayer (one
+    table and one pass over a batch's edges per layer, not one per relation), exact."""
+    data = _fake(0)
+    model = pyg.to_hetero(Skip(), data.metadata(), aggr=aggr)
+    check_dict_model(model, data, f"to_hetero {aggr}")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    assert _convs_per_layer(ev) == [1, 1]
+    layers = [a.conv for a in ev.split.adapters.values()]
+    assert [len(m.calls) for m in layers] == [len(data.edge_types)] * 2
+    assert {m.aggr for m in layers} == {aggr}
+
+
+def test_to_hetero_relation_output_read_twice_runs_per_relation():
+    """A relation conv's output read outside its type's join (edited into the graph here):
+    that layer runs relation by relation, as written, and stays exact."""
+    import operator
+
+    data = _fake(1)
+    model = pyg.to_hetero(Skip(), data.metadata(), aggr="sum")
+    graph = model.graph
+    join = next(n for n in graph.nodes if n.target is torch.add and n.name.startswith("conv1"))
+    leaf = join.args[0]
+    with graph.inserting_after(join):
+        half = graph.call_function(operator.mul, (leaf, 0.5))
+    with graph.inserting_after(half):
+        extra = graph.call_function(operator.add, (join, half))
+    join.replace_all_uses_with(extra, delete_user_cb=lambda user: user is not extra)
+    model.recompile()
+    check_dict_model(model, data, "to_hetero, a relation output read twice")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    first, second = _convs_per_layer(ev)
+    assert first == len(data.edge_types) and second == 1
