@@ -19,6 +19,10 @@ import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.convs.message_passing import (
+    aggregates_raw_sources,
+    fuses_sparse_aggregation,
+)
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
@@ -45,6 +49,17 @@ class _TypedAdapter(ConvAdapter):
 class HeteroLayerAdapter(_TypedAdapter):
     """Runs a :class:`HeteroLayer` on a :class:`LayerBatch` (see the module doc)."""
 
+    @property
+    def supports_global_src(self) -> bool:
+        """Relation convs that aggregate raw source rows (``SAGEConv`` without projection,
+        ``GraphConv``, ``GINConv``) and take no edge data read the layer's stored table in
+        place: no gathered source rows, no per-relation source table; a sum or mean is
+        one SpMM per relation over the batch's relation edges."""
+        layer: HeteroLayer = self.conv
+        return all(aggregates_raw_sources(c) for c in layer.convs) and not any(
+            call.edge_data for call in layer.calls
+        )
+
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: HeteroLayer = self.conv
         num_dst = batch.num_dst
@@ -53,6 +68,8 @@ class HeteroLayerAdapter(_TypedAdapter):
         columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
         src_index, dst_index = batch.src_index, batch.dst_index
+        in_place = batch.global_src_size is not None  # x: the stored table, by storage id
+        x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
         for t, ks in layer.by_dst:
             dst_sel = (dst_types == t).nonzero().squeeze(1)
@@ -60,7 +77,7 @@ class HeteroLayerAdapter(_TypedAdapter):
                 continue
             pos_in_t = torch.full((num_dst,), -1, dtype=torch.long, device=x.device)
             pos_in_t[dst_sel] = torch.arange(dst_sel.numel(), device=x.device)
-            x_dst = x.index_select(0, dst_sel)[:, : layer.in_widths[t]]
+            x_dst = x_dst_rows.index_select(0, dst_sel)[:, : layer.in_widths[t]]
             outs = []
             at_t = pos_in_t[dst_index]
             for k in ks:
@@ -70,10 +87,38 @@ class HeteroLayerAdapter(_TypedAdapter):
                 src = src_index.index_select(0, on)
                 dst = at_t.index_select(0, on)
                 kw = relation_edge_data(layer.calls[k], columns, on)
-                outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
+                if in_place:
+                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst))
+                else:
+                    outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
             y = group_relations(outs, layer.aggr)
             out[dst_sel, : y.shape[1]] = y
         return out
+
+    @staticmethod
+    def _relation_in_place(
+        layer: HeteroLayer, k: int, x: Tensor, x_dst: Tensor, src: Tensor, dst: Tensor
+    ) -> Tensor:
+        """One relation conv (a raw-source aggregator, :attr:`supports_global_src`) over
+        the stored table ``x`` read in place: ``src`` are storage ids, ``dst`` positions
+        among the batch's destinations of the relation's type (non-decreasing: the batch's
+        edges are grouped by destination). Its pair form equals its square form (no
+        self-loops), so a same-type relation runs as a pair too."""
+        call, conv = layer.calls[k], layer.convs[k]
+        num_t = x_dst.shape[0]
+        width = layer.in_widths[call.src]
+        if width != x.shape[1]:  # a narrower type: a table of its rows, not a strided view
+            uniq, local = _compact(src, x.shape[0])
+            return conv((x.index_select(0, uniq)[:, :width], x_dst), torch.stack([local, dst]))
+        if fuses_sparse_aggregation(conv):
+            crow = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
+            torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=crow[1:])
+            ones = torch.ones(src.numel(), dtype=x.dtype, device=x.device)
+            adj = torch.sparse_csr_tensor(
+                crow, src, ones, size=(num_t, x.shape[0]), check_invariants=False
+            )
+            return conv((x, x_dst), adj)
+        return conv((x, x_dst), torch.stack([src, dst]))
 
     @staticmethod
     def _relation(

@@ -53,12 +53,26 @@ def _overrides(conv: nn.Module, method: str) -> bool:
     return getattr(type(conv), method, None) is not getattr(MessagePassing, method, None)
 
 
-def _aggregates_raw_sources(conv: nn.Module) -> bool:
+def aggregates_raw_sources(conv: nn.Module) -> bool:
+    """Whether the conv aggregates its source rows as they are (no transform before the
+    sum / mean), so it can read a stored node table in place through global source ids;
+    its square and pair forms then agree (no self-loops added)."""
     from torch_geometric.nn import GINConv, GraphConv, SAGEConv
 
     if isinstance(conv, SAGEConv):
         return not conv.project
     return type(conv) in (GraphConv, GINConv)
+
+
+def fuses_sparse_aggregation(conv: nn.Module) -> bool:
+    """Whether the conv aggregates a sparse ``adj_t`` in one SpMM (a sum or mean with its
+    own ``message_and_aggregate``): no ``[E, d]`` message tensor."""
+    aggr = getattr(conv, "aggr", None)
+    return (
+        isinstance(aggr, str)
+        and aggr in _FUSABLE_AGGRS
+        and _overrides(conv, "message_and_aggregate")
+    )
 
 
 class MessagePassingAdapter(ConvAdapter):
@@ -77,16 +91,9 @@ class MessagePassingAdapter(ConvAdapter):
         super().__init__(conv)
         self.pair = pair
         self.node_inputs = dict.fromkeys(node_inputs, "src")
-        aggr = getattr(conv, "aggr", None)
         # A square batch is never fused: its [B, n_src] adjacency is not square, and a
         # conv given one tensor would mix n_src root rows with B aggregated rows.
-        self.use_csr = (
-            fuse
-            and pair
-            and isinstance(aggr, str)
-            and aggr in _FUSABLE_AGGRS
-            and _overrides(conv, "message_and_aggregate")
-        )
+        self.use_csr = fuse and pair and fuses_sparse_aggregation(conv)
         self._takes_size = "size" in inspect.signature(conv.forward).parameters
 
     @property
@@ -98,7 +105,7 @@ class MessagePassingAdapter(ConvAdapter):
             and self.pair
             and not self.edge_inputs
             and not self.node_inputs
-            and _aggregates_raw_sources(self.conv)
+            and aggregates_raw_sources(self.conv)
         )
 
     def edge_bytes(self, src_row_bytes: int) -> int:

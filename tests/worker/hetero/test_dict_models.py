@@ -423,3 +423,28 @@ def test_to_hetero_relation_output_read_twice_runs_per_relation():
     ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
     first, second = _convs_per_layer(ev)
     assert first == len(data.edge_types) and second == 1
+
+
+def test_raw_source_relation_convs_read_the_stored_table_in_place(monkeypatch):
+    """``to_hetero`` SAGE (no projection: it aggregates raw source rows) reads each
+    layer's stored table in place, relation by relation (sum / mean by one SpMM), exact on
+    graphs whose types have different widths (a narrower type's rows gathered)."""
+    from hopserve.worker.convs.hetero import HeteroLayerAdapter
+
+    calls = []
+    original = HeteroLayerAdapter._relation_in_place
+
+    def spy(layer, k, x, x_dst, src, dst):
+        calls.append(layer.in_widths[layer.calls[k].src] == x.shape[1])
+        return original(layer, k, x, x_dst, src, dst)
+
+    monkeypatch.setattr(HeteroLayerAdapter, "_relation_in_place", staticmethod(spy))
+    for aggr in ("sum", "mean", "max"):
+        data = _fake(2)
+        check_dict_model(pyg.to_hetero(Skip(), data.metadata(), aggr=aggr), data, aggr)
+    assert any(calls) and not all(calls), "both the in-place and the narrower-type path"
+    ev = LayerwiseEvaluator(
+        pyg.to_hetero(Skip(), data.metadata()), GraphStore.from_pyg(data), progress=False
+    )
+    ev.evaluate()
+    assert all(ly.gather_free for ly in ev.last_stats.layers if ly.layer > 0)
