@@ -71,7 +71,7 @@ class DGLGCN2Adapter(DGLConvAdapter):
         self._max_in_degree = 0
         self._degrees_key: object | None = None
         self._graph = None  # the prepared GraphStore (sampled out-weights read its CSC)
-        self._sampled_out: OrderedDict[tuple[Sampling, str], Tensor] = OrderedDict()
+        self._sampled_out: OrderedDict[tuple, Tensor] = OrderedDict()
         self._sample_lock = threading.Lock()
 
     def set_edge_inputs(self, inputs, model_edge_args, model_name, edge_feature_dim=None):  # noqa: ANN001
@@ -92,9 +92,9 @@ class DGLGCN2Adapter(DGLConvAdapter):
         return False
 
     def edge_bytes(self, src_row_bytes: int) -> int:
-        # A CSR SpMM: an index and a value per edge; weighted, the weight, the source's
-        # out-weight and the destination's in-weight per edge too.
-        return 28 if self.weighted else 16
+        # A CSR SpMM: an index and a value per edge; weighted, the gathered weight, the
+        # two ends' norms, the product and the int64 destination index per edge too.
+        return 44 if self.weighted else 16
 
     def prepare(self, graph) -> None:  # graph: GraphStore
         key = (id(graph), getattr(graph, "version", None))
@@ -154,7 +154,7 @@ class DGLGCN2Adapter(DGLConvAdapter):
         s, device = batch.sampling, batch.src_nodes.device
         if not self._sampled(s):
             return self._table_on("out_weights", self._out_weights, device)
-        key = (s, str(device))
+        key = (s, str(device), self._degrees_key)  # a table of this graph version only
         with self._sample_lock:
             table = self._sampled_out.get(key)
             if table is not None:

@@ -155,7 +155,11 @@ class HeteroLayerAdapter(_TypedAdapter):
 def _compact(index: Tensor, n: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(uniq, position)``: the distinct values of ``index`` (``< n``; only where ``keep``,
     when given) ascending, as ``torch.unique`` gives them, and each entry's position among
-    them (meaningful where kept). A mark per row, ``O(n + E)``: no sort of the edges."""
+    them (meaningful where kept). A mark per row, ``O(n + E)``: no sort of the edges;
+    a sort (``torch.unique``) when there are far fewer edges than rows."""
+    if index.numel() * 16 < n:
+        uniq = torch.unique(index if keep is None else index[keep])
+        return uniq, torch.searchsorted(uniq, index).clamp_(max=max(uniq.numel() - 1, 0))
     mark = torch.zeros(n, dtype=torch.bool, device=index.device)
     mark[index if keep is None else index[keep]] = True
     uniq = mark.nonzero().squeeze(1)

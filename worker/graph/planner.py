@@ -271,17 +271,19 @@ def sampled_out_degrees(
     needs :math:`G_l` for all nodes. Only nodes with more in-edges than ``fanout`` lose
     edges: their in-edges are sampled and the rest are counted as in the whole graph
     (``out_degrees``, the whole graph's, if given). Cost: O(N) plus hashing and sorting
-    the in-edges of those nodes (O(E log E) at worst; weighted: O(E)); callers cache the
-    result per ``(graph, layer, fanout, seed)``.
+    the in-edges of those nodes (O(E log E) at worst; weighted, a pass over the weights
+    too); callers cache the result per ``(graph, layer, fanout, seed)``.
     """
     if weights is not None:
-        keep = np.ones(indices.size, dtype=bool)
-        big = np.flatnonzero(np.diff(indptr) > fanout) if fanout >= 0 else np.empty(0, int)
+        w = np.asarray(weights)
+        out = np.bincount(indices, weights=w, minlength=num_nodes)  # float64
+        big = np.flatnonzero(np.diff(indptr) > fanout) if fanout >= 0 else np.empty(0, np.int64)
         if big.size:
-            keep[segment_positions(indptr, big)[0]] = False
-            keep[sample_in_edges(indptr, big, fanout, layer, seed)[1]] = True
-        w = np.asarray(weights, dtype=np.float64)
-        return np.bincount(indices[keep], weights=w[keep], minlength=num_nodes)
+            all_pos, _ = segment_positions(indptr, big)
+            _, kept = sample_in_edges(indptr, big, fanout, layer, seed)
+            out -= np.bincount(indices[all_pos], weights=w[all_pos], minlength=num_nodes)
+            out += np.bincount(indices[kept], weights=w[kept], minlength=num_nodes)
+        return out
     if out_degrees is None:
         out = np.bincount(indices, minlength=num_nodes).astype(np.int64)
     else:

@@ -949,41 +949,39 @@ def _joined(name: str, leaves: list[fx.Node], builder: _Builder) -> _Joined | No
 
 def _join_tree(leaves: list[fx.Node]) -> tuple[fx.Node, set[fx.Node], str] | None:
     """``(root, inner nodes, aggregation)`` when ``leaves`` are used only by one binary
-    join tree of one op (every node of it used once, by the next join; ``mean``: the sum's
-    one user is its division by ``len(leaves)``), else ``None``."""
-    joins: set[fx.Node] = set()
-    ends: list[fx.Node] = []  # tree nodes not used by a join: the root alone
-    frontier, target = list(leaves), None
-    while frontier:
-        node = frontier.pop()
-        users = list(node.users)
-        join = users[0] if len(users) == 1 else None
-        if (
-            join is not None
-            and join.op == "call_function"
-            and join.target in _JOINS
-            and len(join.args) == 2
-            and not join.kwargs
-        ):
-            target = target or join.target
-            if join.target is not target:
-                return None
-            if join not in joins:
-                joins.add(join)
-                frontier.append(join)
-        elif node in joins:
-            ends.append(node)
-        else:
-            return None  # a relation output used elsewhere
-    members = joins | set(leaves)
-    if len(ends) != 1 or len(joins) != len(leaves) - 1:
+    join tree of one op (every node of it used once, by the next join, whose two arguments
+    are both in the tree; ``mean``: the sum's one user is its division by
+    ``len(leaves)``), else ``None``. A join that also reads another value (a residual
+    ``torch.add(joined, x)``) is not part of the tree: the climb stops below it."""
+    members, joins, target = set(leaves), set(), None
+    grown = True
+    while grown:
+        grown = False
+        for node in list(members):
+            join = next(iter(node.users)) if len(node.users) == 1 else None
+            if (
+                join is None
+                or join in joins
+                or join.op != "call_function"
+                or join.target not in _JOINS
+                or len(join.args) != 2
+                or join.kwargs
+                or not all(a in members for a in join.args)
+                or (target is not None and join.target is not target)
+            ):
+                continue
+            target = join.target
+            joins.add(join)
+            members.add(join)
+            grown = True
+    if target is None or len(joins) != len(leaves) - 1:
         return None
-    if any(a not in members for j in joins for a in j.args):
-        return None
+    ends = [n for n in members if len(n.users) != 1 or next(iter(n.users)) not in joins]
+    if len(ends) != 1 or ends[0] not in joins:
+        return None  # a relation output used elsewhere, or two trees
     root = ends[0]
-    inner = members - {root}
     aggr = _JOINS[target]
-    (user,) = root.users if len(root.users) == 1 else (None,)
+    user = next(iter(root.users)) if len(root.users) == 1 else None
     if (
         aggr == "sum"
         and user is not None
@@ -993,7 +991,7 @@ def _join_tree(leaves: list[fx.Node]) -> tuple[fx.Node, set[fx.Node], str] | Non
         and not user.kwargs
     ):
         return user, members, "mean"  # to_hetero's mean: the sum divided by the count
-    return root, inner, aggr
+    return root, members - {root}, aggr
 
 
 def _out_shape(shapes: dict[int, tuple[int, ...]], where: str) -> tuple[int, ...]:

@@ -448,3 +448,24 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(monkeypatch):
     )
     ev.evaluate()
     assert all(ly.gather_free for ly in ev.last_stats.layers if ly.layer > 0)
+
+
+class TorchAddSkip(nn.Module):
+    """``torch.add(conv(x), lin(x))``: ``to_hetero`` keeps ``torch.add`` for the skip, the
+    op it joins relations with too; the skip is not part of the relations' join."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = pyg.SAGEConv((-1, -1), H)
+        self.lin = pyg.Linear(-1, H)
+
+    def forward(self, x, edge_index):
+        return torch.add(self.conv(x, edge_index), self.lin(x)).relu()
+
+
+def test_to_hetero_join_stops_below_a_residual_torch_add():
+    data = _fake(0)
+    model = pyg.to_hetero(TorchAddSkip(), data.metadata(), aggr="sum")
+    check_dict_model(model, data, "to_hetero, torch.add skip")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    assert _convs_per_layer(ev) == [1]
