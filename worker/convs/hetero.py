@@ -33,6 +33,10 @@ from hopserve.worker.hetero.modules import (
 
 __all__ = ["DictConvAdapter", "HeteroLayerAdapter"]
 
+# Per edge of a batch's typed subgraph: relation ids and end types (int64 each), the edge
+# masks and positions, the per-relation edge lists and DGL's formats of them.
+_SUBGRAPH_EDGE_BYTES = 96
+
 
 class _TypedAdapter(ConvAdapter):
     """An adapter of a typed layer: reads relation ids, checks the graph's type layout."""
@@ -173,9 +177,20 @@ class DictConvAdapter(_TypedAdapter):
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
-        gathered keys, queries, values and the messages, about five input-wide rows), plus
-        the relations' copies of the edge features their convs read."""
-        return 6 * src_row_bytes + 8 * (self.edge_feature_dim or 0)
+        gathered keys, queries, values and the messages, about five input-wide rows; DGL's
+        ``HeteroGraphConv``: what its relation convs keep per edge, by their own adapters),
+        plus the relations' copies of the edge features their convs read."""
+        layer: DictConvLayer = self.conv
+        edge_data = 8 * (self.edge_feature_dim or 0)
+        if layer.style == "dgl" and hasattr(layer.conv, "mods"):
+            from hopserve.worker.convs.registry import adapter_for
+
+            per_edge = max(
+                (adapter_for(m, "").edge_bytes(src_row_bytes) for m in layer.conv.mods.values()),
+                default=0,
+            )
+            return _SUBGRAPH_EDGE_BYTES + per_edge + edge_data
+        return 6 * src_row_bytes + edge_data
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
@@ -183,6 +198,12 @@ class DictConvAdapter(_TypedAdapter):
         columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
         out = layer.on_rows(
-            x, types, batch.src_index, batch.dst_index, values["edge_type"], columns
+            x,
+            types,
+            batch.src_index,
+            batch.dst_index,
+            values["edge_type"],
+            columns,
+            num_dst=batch.num_dst,
         )
         return out[: batch.num_dst]

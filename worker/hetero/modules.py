@@ -224,6 +224,16 @@ class TypedMerge(nn.Module):
         return f"types={[self.layout.names[t] for t in self.types]}"
 
 
+def _csc(edge_index: Tensor, num_dst: int) -> tuple[str, tuple[Tensor, Tensor, Tensor]]:
+    """A relation's edges of a batch (grouped by destination, ascending: the batch's CSC
+    order) as DGL's ``("csc", (indptr, indices, edge ids))``: the format its in-edge
+    kernels read, made without the sort a COO graph costs on first use."""
+    src, dst = edge_index[0], edge_index[1]
+    indptr = torch.zeros(num_dst + 1, dtype=torch.long, device=src.device)
+    torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=indptr[1:])
+    return "csc", (indptr, src, torch.arange(src.numel(), device=src.device))
+
+
 class DictConvLayer(nn.Module):
     """A conv that takes per-type dicts itself (PyG ``HGTConv``), on the homogeneous form.
 
@@ -289,12 +299,19 @@ class DictConvLayer(nn.Module):
         dst: Tensor,
         etype: Tensor,
         columns: dict[str, Tensor | None] | None = None,
+        num_dst: int | None = None,
     ) -> Tensor:
         """The conv on rows ``x`` of types ``types`` with edges ``src -> dst`` (row
         positions) of relations ``etype`` (``columns``: the edges' rows of the store's edge
         columns); rows of types the conv does not output are 0. Edges whose ends are not of
         their relation's types are left out (a typed store has none; the load-time probe
-        graph has)."""
+        graph has).
+
+        ``num_dst`` (a batch: rows ``[0, num_dst)`` are its destinations, every edge ends
+        at one, and so each type's destinations come first among its rows): a DGL conv
+        runs on a *block* (DGL's own layer-wise form: ``HeteroGraphConv`` hands each
+        relation conv the source rows and the destination rows), so no output is computed
+        for a row that is only a source; only the first ``num_dst`` rows are returned."""
         n = x.shape[0]
         index = self.layout.names.index
         pos = torch.zeros(n, dtype=torch.long, device=x.device)
@@ -306,27 +323,41 @@ class DictConvLayer(nn.Module):
             if t in self.in_widths:
                 x_dict[self.layout.names[t]] = x.index_select(0, rows[t])[:, : self.in_widths[t]]
         edge_index_dict, mod_kwargs = {}, {}
+        src_types, dst_types = types.index_select(0, src), types.index_select(0, dst)
+        src_pos, dst_pos = pos.index_select(0, src), pos.index_select(0, dst)
         for rel, key in self.relations:
-            on = (etype == rel) & (types[src] == index(key[0])) & (types[dst] == index(key[2]))
-            edge_index_dict[key] = torch.stack([pos[src[on]], pos[dst[on]]])
+            on = (etype == rel) & (src_types == index(key[0])) & (dst_types == index(key[2]))
+            on = on.nonzero().squeeze(1)
+            edge_index_dict[key] = torch.stack(
+                [src_pos.index_select(0, on), dst_pos.index_select(0, on)]
+            )
             data = self.edge_data.get(key[1])
             if data:
                 call = RelationCall(key, rel, index(key[0]), index(key[2]), data)
                 mod_kwargs[key[1]] = relation_edge_data(call, columns or {}, on)
+        block = self.style == "dgl" and num_dst is not None
         if self.style == "dgl":
             import dgl
 
-            counts = {self.layout.names[t]: int(r.numel()) for t, r in rows.items()}
-            graph = dgl.heterograph(
-                {k: (e[0], e[1]) for k, e in edge_index_dict.items()},
-                num_nodes_dict=counts,
-                device=x.device,
-            )
+            names = self.layout.names
+            counts = {names[t]: int(r.numel()) for t, r in rows.items()}
+            edges = {k: (e[0], e[1]) for k, e in edge_index_dict.items()}
+            if block:  # destinations: each type's first rows, those below num_dst
+                firsts = {t: int(torch.searchsorted(r, num_dst)) for t, r in rows.items()}
+                rows = {t: r[: firsts[t]] for t, r in rows.items()}
+                graph = dgl.create_block(
+                    {k: _csc(e, firsts[index(k[2])]) for k, e in edge_index_dict.items()},
+                    num_src_nodes=counts,
+                    num_dst_nodes={names[t]: k for t, k in firsts.items()},
+                    device=x.device,
+                )
+            else:
+                graph = dgl.heterograph(edges, num_nodes_dict=counts, device=x.device)
             with zero_in_degree_allowed(self.conv):
                 result = self.conv(graph, x_dict, mod_kwargs=mod_kwargs or None)
         else:
             result = self.conv(x_dict, edge_index_dict)
-        out = x.new_zeros((n, *self.out_shape))
+        out = x.new_zeros((num_dst if block else n, *self.out_shape))
         for name, y in result.items():
             t = index(name)
             if y is not None and t in rows:
