@@ -14,6 +14,14 @@ touching the breaker: a burst of requests is not an outage. (redis-py's pools ra
 ``MaxConnectionsError`` at their cap instead of waiting; our bound keeps them from ever
 reaching it.)
 
+Lookups are grouped: a lookup that finds no round trip of lookups in flight starts one;
+lookups made while it is in flight wait for it and then go together in the next, one
+pipeline for all of them (at most ``4 * chunk_keys`` keys a round; a larger lookup goes
+alone). Under concurrent requests this is one round trip, and one pass of redis-py's
+Python command packing and parsing, per group instead of per request (a 4-key lookup
+costs about 0.24 ms of the event loop's CPU, 32 of them grouped about 0.02 ms each); a
+lone lookup goes at once.
+
 Failure handling: sockets time out after ``timeout_s``; redis-py's own retries are off.
 The first failure that means "unreachable" (:attr:`RedisBackedCache.unreachable`) opens
 the breaker: a WARNING is logged once for the outage, and every call returns at once (all
@@ -36,6 +44,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -69,6 +78,24 @@ def reason_of(exc: BaseException) -> str:
     if len(text) > 200:
         text = text[:197] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(eq=False)
+class _Lookup:
+    """One caller's lookup waiting for its round (``answer``: ``(mask, rows, seqs)``)."""
+
+    namespace: CacheNamespace
+    keys: list[str]
+    answer: asyncio.Future[tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    def miss(self) -> None:
+        """Answer all misses (the backend is down, skipped or closing)."""
+        if not self.answer.done():
+            self.answer.set_result(_misses(len(self.keys), self.namespace.dim))
+
+
+def _misses(n: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(n, dtype=bool), np.zeros((n, dim), dtype=np.float32), np.zeros(n, np.int64)
 
 
 class RedisBackedCache(EmbeddingCache):
@@ -141,6 +168,8 @@ class RedisBackedCache(EmbeddingCache):
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
         self._reported_up: bool | None = None  # last state sent to the observer
+        self._lookups: list[_Lookup] = []  # waiting for the next round
+        self._reader: asyncio.Task[None] | None = None  # the round trips of lookups
 
     def __repr__(self) -> str:
         state = "up" if self._up else "down"
@@ -179,36 +208,80 @@ class RedisBackedCache(EmbeddingCache):
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = ids.size
-        mask = np.zeros(n, dtype=bool)
-        rows = np.zeros((n, namespace.dim), dtype=np.float32)
-        none = (mask, rows, np.zeros(n, dtype=np.int64))
         if not self._usable():
-            return none
-        keys = self._keys(namespace, ids)
-        if not await self._take_turn(namespace, "get"):
-            return none
+            return _misses(ids.size, namespace.dim)
+        loop = asyncio.get_running_loop()
+        lookup = _Lookup(namespace, self._keys(namespace, ids), loop.create_future())
+        self._lookups.append(lookup)
+        if self._reader is None or self._reader.done():
+            self._reader = loop.create_task(self._read_lookups())
+        # Cancelling the caller cancels only its answer; the round goes on for the others.
+        return await lookup.answer
+
+    async def _read_lookups(self) -> None:
+        """Round trips of the waiting lookups, a group at a time, until none wait."""
+        while self._lookups:
+            group = self._next_group()
+            try:
+                await self._read_group(group)
+            except Exception:  # a bug: this group misses, the next ones still go
+                self._logger.exception("%s cache: a round of lookups failed", self.label)
+            finally:  # answered, cancelled (close) or failed: no caller waits forever
+                for lookup in group:
+                    lookup.miss()
+
+    def _next_group(self) -> list[_Lookup]:
+        """The waiting lookups, oldest first, up to ``4 * chunk_keys`` keys (at least one
+        lookup); those whose callers gave up are dropped."""
+        taken, keys = 0, 0
+        for lookup in self._lookups:
+            if taken and keys + len(lookup.keys) > 4 * self.chunk_keys:
+                break
+            taken += 1
+            keys += len(lookup.keys)
+        group, self._lookups = self._lookups[:taken], self._lookups[taken:]
+        return [lookup for lookup in group if not lookup.answer.done()]
+
+    async def _read_group(self, group: list[_Lookup]) -> None:
+        """One round trip for ``group``: each lookup answered with its own decoded rows,
+        or with misses when the backend is down (the breaker opened while they waited),
+        no turn came, or the round trip failed (one error counted per lookup)."""
+        if not group or not self._up:
+            return
+        first = group[0].namespace
+        if not await self._take_turn(first, "get"):
+            for lookup in group[1:]:
+                self._record_error(lookup.namespace, "get")
+            return
         start = time.perf_counter()
         try:
-            values = await self._fetch(keys)
+            values = await self._fetch([key for lookup in group for key in lookup.keys])
         except Exception as exc:  # a cache failure must never fail a request
-            self._failed(exc, namespace, "get")
-            return none
+            self._failed(exc, first, "get")
+            for lookup in group[1:]:
+                self._record_error(lookup.namespace, "get")
+            return
         finally:
             self._turns.release()
         self._reachable("get", time.perf_counter() - start)
-        mask, rows, seqs, rejected = decode_rows_seq(
-            values, keys, namespace.dim, self._integrity_key
-        )
-        if rejected:
-            self._logger.debug(
-                "cached value(s) in %s:%s:... refused (%s); treated as misses",
-                self.prefix,
-                namespace.model,
-                dict(rejected),
+        offset = 0
+        for lookup in group:
+            part = values[offset : offset + len(lookup.keys)]
+            offset += len(lookup.keys)
+            if lookup.answer.done():  # its caller was cancelled during the round trip
+                continue
+            mask, rows, seqs, rejected = decode_rows_seq(
+                part, lookup.keys, lookup.namespace.dim, self._integrity_key
             )
-            self._record_rejected(namespace, rejected)
-        return mask, rows, seqs
+            if rejected:
+                self._logger.debug(
+                    "cached value(s) in %s:%s:... refused (%s); treated as misses",
+                    self.prefix,
+                    lookup.namespace.model,
+                    dict(rejected),
+                )
+                self._record_rejected(lookup.namespace, rejected)
+            lookup.answer.set_result((mask, rows, seqs))
 
     async def _put(
         self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray, seq: int
@@ -252,6 +325,14 @@ class RedisBackedCache(EmbeddingCache):
     async def close(self) -> None:
         """Stop probing and close the connections."""
         self._closed = True
+        if self._reader is not None:  # waiting lookups are answered with misses
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        for lookup in self._lookups:
+            lookup.miss()
+        self._lookups.clear()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

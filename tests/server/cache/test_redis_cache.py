@@ -396,7 +396,8 @@ def test_a_call_finishing_after_the_breaker_opened_does_not_report_it_up(
             await cache.put_many(NS, np.array([1]), random_rows(1))
             assert observer.available[-1] is True
             in_flight = asyncio.ensure_future(cache.get_many(NS, np.array([1])))
-            await asyncio.sleep(0)  # the get is sent and waits for its answer
+            await asyncio.sleep(0)  # the get joins the next round of lookups ...
+            await asyncio.sleep(0)  # ... which is sent and waits for its answer
             cache.mark_unavailable("a master died")  # the breaker opens meanwhile
             mask, _ = await in_flight
             assert mask.all()  # the in-flight get succeeded ...
