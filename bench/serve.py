@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ def main() -> None:
                     report["batching"], report["cache"] = batching, cache
                     report["layer_cache"] = layer_cache
                     report["worker_processes"] = workers
-                    report["layer_rows"] = layer_rows(metrics_port)
+                    report["server"] = server_side(metrics_port)
                     if batching and cache and not layer_cache:
                         lookups = harness.cached_lookups(f"127.0.0.1:{port}", MODEL, 500)
                         report["cached_16"] = asyncio.run(lookups)
@@ -182,7 +183,8 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
     ]
     lines += harness.markdown_table(
         ["configuration", "QPS", f"vs {base_name}", "p50 (ms)", "p95 (ms)", "p99 (ms)",
-         "targets/request", "layer-1 rows reused", "errors"],
+         "targets/request", "final rows cached: near / redis", "layer-1 rows reused",
+         "errors"],
         [
             [
                 name,
@@ -192,12 +194,13 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
                 f"{r['p95_ms']:.1f}",
                 f"{r['p99_ms']:.1f}",
                 f"{r['targets_per_request']:.1f}",
+                _hit_rate(r),
                 _reused(r),
                 r["errors"] or "-",
             ]
             for name, r in results.items()
         ],
-        "lrrrrrrrl",
+        "lrrrrrrrrl",
     )  # fmt: skip
     lines += [
         "",
@@ -207,6 +210,22 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
         "in-edges) and request frontiers stop there (exact: rows are reused only between "
         "their node's last possible change and the request's graph sequence).",
     ]
+    lines += [
+        "",
+        "Front-end, per configuration (from its /metrics): batches, requests a batch, "
+        "and stage seconds a request (ms):",
+        "",
+    ]
+    for name, r in results.items():
+        side = r.get("server") or {}
+        batches = side.get("batches") or {}
+        count = batches.get("requests_count", 0.0)
+        stages = ", ".join(
+            f"{stage} {1e3 * s / max(r['requests'], 1):.1f}"
+            for stage, s in sorted((side.get("stage_s") or {}).items(), key=lambda kv: -kv[1])
+        )
+        per_batch = batches.get("requests_sum", 0.0) / count if count else 0.0
+        lines.append(f"- {name}: {count:.0f} batches, {per_batch:.1f} requests each; {stages}")
     if "throughput_vs_one_worker_process" in summary:
         ratios = ", ".join(
             f"{n} processes {x:.2f}×"
@@ -223,20 +242,55 @@ def report_out(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
     harness.write_outputs(Path(args.out), "serve", summary, lines, lambda p: plot(results, p))
 
 
-def layer_rows(metrics_port: int) -> dict[str, float]:
-    """``hopserve_layer_rows_total`` of the front-end, summed by source."""
+def server_side(metrics_port: int) -> dict[str, Any]:
+    """What the front-end's ``/metrics`` say of the run: layer rows by source, final-row
+    cache hits and misses by tier, batches (count, requests, targets) and the seconds
+    spent in each request stage (sums over the run)."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
-    scraped = harness.MetricsScraper(url, 1.0, ["hopserve_layer_rows_total"]).scrape()
-    out: dict[str, float] = {}
+    names = [
+        "hopserve_layer_rows_total",
+        "hopserve_cache_hits_total",
+        "hopserve_cache_misses_total",
+        "hopserve_batch_requests_count",
+        "hopserve_batch_requests_sum",
+        "hopserve_batch_targets_sum",
+        "hopserve_stage_duration_seconds_sum",
+    ]
+    scraped = harness.MetricsScraper(url, 1.0, names).scrape()
+    out: dict[str, Any] = {"layer_rows": {}, "cache": {}, "stage_s": {}, "batches": {}}
     for key, value in scraped.items():
-        source = "reused" if 'source="reused"' in key else "computed"
-        out[source] = out.get(source, 0.0) + value
+        name = key.split("{", 1)[0]
+        label = dict(re.findall(r'(\w+)="([^"]*)"', key))
+        if name == "hopserve_layer_rows_total":
+            source = "reused" if label.get("source") == "reused" else "computed"
+            out["layer_rows"][source] = out["layer_rows"].get(source, 0.0) + value
+        elif name.startswith("hopserve_cache_"):
+            tier = out["cache"].setdefault(label.get("backend", "?"), {})
+            kind = "hits" if "hits" in name else "misses"
+            tier[kind] = tier.get(kind, 0.0) + value
+        elif name == "hopserve_stage_duration_seconds_sum":
+            stage = label.get("stage", "?")
+            out["stage_s"][stage] = out["stage_s"].get(stage, 0.0) + value
+        else:
+            field = name.removeprefix("hopserve_batch_")
+            out["batches"][field] = out["batches"].get(field, 0.0) + value
     return out
+
+
+def _hit_rate(r: dict[str, Any]) -> str:
+    """Final-row cache hits over lookups, per tier (near: in-process, then Redis)."""
+    tiers = (r.get("server") or {}).get("cache") or {}
+    parts = []
+    for tier, label in (("memory", "near"), ("redis", "redis")):
+        c = tiers.get(tier)
+        if c and c.get("hits", 0) + c.get("misses", 0):
+            parts.append(f"{label} {c.get('hits', 0) / (c.get('hits', 0) + c['misses']):.0%}")
+    return " / ".join(parts) or "-"
 
 
 def _reused(r: dict[str, Any]) -> str:
     """Share of the intermediate rows jobs needed that came from the layer cache."""
-    rows = r.get("layer_rows") or {}
+    rows = (r.get("server") or {}).get("layer_rows") or {}
     total = sum(rows.values())
     return f"{rows.get('reused', 0) / total:.0%}" if total else "-"
 
