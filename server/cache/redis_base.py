@@ -14,10 +14,12 @@ touching the breaker: a burst of requests is not an outage. (redis-py's pools ra
 ``MaxConnectionsError`` at their cap instead of waiting; our bound keeps them from ever
 reaching it.)
 
-Lookups are grouped: a lookup that finds no round trip of lookups in flight starts one;
-lookups made while it is in flight wait for it and then go together in the next, one
-pipeline for all of them (at most ``4 * chunk_keys`` keys a round; a larger lookup goes
-alone). Under concurrent requests this is one round trip, and one pass of redis-py's
+Small lookups (fewer than ``chunk_keys`` keys) are grouped: a lookup that finds no round
+of lookups in flight starts one; lookups made while it is in flight wait for it and then go
+together in the next, one pipeline for all of them (at most ``4 * chunk_keys`` keys a
+round). A lookup that waited ``timeout_s`` for its round is skipped (a miss, counted as a
+call without a turn is), so a slow Redis still costs a request at most about one timeout;
+larger lookups are round trips of their own. The values are decoded by each caller. Under concurrent requests this is one round trip, and one pass of redis-py's
 Python command packing and parsing, per group instead of per request (a 4-key lookup
 costs about 0.24 ms of the event loop's CPU, 32 of them grouped about 0.02 ms each); a
 lone lookup goes at once.
@@ -82,16 +84,18 @@ def reason_of(exc: BaseException) -> str:
 
 @dataclass(eq=False)
 class _Lookup:
-    """One caller's lookup waiting for its round (``answer``: ``(mask, rows, seqs)``)."""
+    """One caller's lookup waiting for its round: ``answer`` gets the stored values of
+    ``keys`` (decoded by the caller), or ``None`` for all misses."""
 
     namespace: CacheNamespace
     keys: list[str]
-    answer: asyncio.Future[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    answer: asyncio.Future[Sequence[bytes | None] | None]
+    since: float  # loop time it joined the queue
 
     def miss(self) -> None:
         """Answer all misses (the backend is down, skipped or closing)."""
         if not self.answer.done():
-            self.answer.set_result(_misses(len(self.keys), self.namespace.dim))
+            self.answer.set_result(None)
 
 
 def _misses(n: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -208,12 +212,60 @@ class RedisBackedCache(EmbeddingCache):
     async def _get(
         self, namespace: CacheNamespace, ids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not self._usable():
+        if self._closed or not self._usable():
             return _misses(ids.size, namespace.dim)
+        keys = self._keys(namespace, ids)
+        if len(keys) >= self.chunk_keys:  # a large lookup is a round trip of its own
+            values = await self._round_trip(namespace, keys)
+        else:
+            values = await self._grouped(namespace, keys)
+        if values is None:
+            return _misses(ids.size, namespace.dim)
+        mask, rows, seqs, rejected = decode_rows_seq(
+            values, keys, namespace.dim, self._integrity_key
+        )
+        if rejected:
+            self._logger.debug(
+                "cached value(s) in %s:%s:... refused (%s); treated as misses",
+                self.prefix,
+                namespace.model,
+                dict(rejected),
+            )
+            self._record_rejected(namespace, rejected)
+        return mask, rows, seqs
+
+    async def _round_trip(
+        self, namespace: CacheNamespace, keys: list[str]
+    ) -> Sequence[bytes | None] | None:
+        """One turn and one fetch of ``keys``; ``None`` when no turn came within
+        ``timeout_s``, the breaker opened meanwhile, or the fetch failed (counted)."""
+        if not await self._take_turn(namespace, "get"):
+            return None
+        start = time.perf_counter()
+        try:
+            if not self._up:  # opened while this call waited for its turn
+                return None
+            values = await self._fetch(keys)
+        except Exception as exc:  # a cache failure must never fail a request
+            self._failed(exc, namespace, "get")
+            return None
+        finally:
+            self._turns.release()
+        self._reachable("get", time.perf_counter() - start)
+        return values
+
+    async def _grouped(
+        self, namespace: CacheNamespace, keys: list[str]
+    ) -> Sequence[bytes | None] | None:
+        """``keys`` fetched in the next round of small lookups (see the module docstring)."""
         loop = asyncio.get_running_loop()
-        lookup = _Lookup(namespace, self._keys(namespace, ids), loop.create_future())
+        reader = self._reader
+        if reader is not None and reader.get_loop() is not loop:  # its loop is gone
+            self._reader = reader = None
+            self._lookups = [x for x in self._lookups if x.answer.get_loop() is loop]
+        lookup = _Lookup(namespace, keys, loop.create_future(), loop.time())
         self._lookups.append(lookup)
-        if self._reader is None or self._reader.done():
+        if reader is None or reader.done():
             self._reader = loop.create_task(self._read_lookups())
         # Cancelling the caller cancels only its answer; the round goes on for the others.
         return await lookup.answer
@@ -231,8 +283,9 @@ class RedisBackedCache(EmbeddingCache):
                     lookup.miss()
 
     def _next_group(self) -> list[_Lookup]:
-        """The waiting lookups, oldest first, up to ``4 * chunk_keys`` keys (at least one
-        lookup); those whose callers gave up are dropped."""
+        """The waiting lookups, oldest first, up to ``4 * chunk_keys`` keys; those whose
+        callers gave up are dropped, and those that waited ``timeout_s`` already are
+        answered with misses (skipped and counted, as a call without a turn is)."""
         taken, keys = 0, 0
         for lookup in self._lookups:
             if taken and keys + len(lookup.keys) > 4 * self.chunk_keys:
@@ -240,53 +293,44 @@ class RedisBackedCache(EmbeddingCache):
             taken += 1
             keys += len(lookup.keys)
         group, self._lookups = self._lookups[:taken], self._lookups[taken:]
-        return [lookup for lookup in group if not lookup.answer.done()]
+        # Late only while Redis is up: lookups behind a round that opened the breaker miss
+        # in _read_group without counting (the failed round counted the outage).
+        late = asyncio.get_running_loop().time() - self.timeout_s if self._up else -np.inf
+        kept = []
+        for lookup in group:
+            if lookup.answer.done():
+                continue
+            if lookup.since < late:
+                self._record_error(lookup.namespace, "get")
+                lookup.miss()
+                continue
+            kept.append(lookup)
+        return kept
 
     async def _read_group(self, group: list[_Lookup]) -> None:
-        """One round trip for ``group``: each lookup answered with its own decoded rows,
-        or with misses when the backend is down (the breaker opened while they waited),
-        no turn came, or the round trip failed (one error counted per lookup)."""
+        """One round trip for ``group``, each lookup answered with its slice of the values;
+        misses when the backend is down (the breaker opened while they waited), no turn
+        came, or the round trip failed (one error counted per lookup)."""
         if not group or not self._up:
             return
-        first = group[0].namespace
-        if not await self._take_turn(first, "get"):
-            for lookup in group[1:]:
-                self._record_error(lookup.namespace, "get")
+        errors = self.stats.errors
+        values = await self._round_trip(group[0].namespace, [k for x in group for k in x.keys])
+        if values is None:
+            if self.stats.errors > errors:  # no turn, or the fetch failed: each lookup counts
+                for lookup in group[1:]:
+                    self._record_error(lookup.namespace, "get")
             return
-        start = time.perf_counter()
-        try:
-            values = await self._fetch([key for lookup in group for key in lookup.keys])
-        except Exception as exc:  # a cache failure must never fail a request
-            self._failed(exc, first, "get")
-            for lookup in group[1:]:
-                self._record_error(lookup.namespace, "get")
-            return
-        finally:
-            self._turns.release()
-        self._reachable("get", time.perf_counter() - start)
         offset = 0
         for lookup in group:
             part = values[offset : offset + len(lookup.keys)]
             offset += len(lookup.keys)
-            if lookup.answer.done():  # its caller was cancelled during the round trip
-                continue
-            mask, rows, seqs, rejected = decode_rows_seq(
-                part, lookup.keys, lookup.namespace.dim, self._integrity_key
-            )
-            if rejected:
-                self._logger.debug(
-                    "cached value(s) in %s:%s:... refused (%s); treated as misses",
-                    self.prefix,
-                    lookup.namespace.model,
-                    dict(rejected),
-                )
-                self._record_rejected(lookup.namespace, rejected)
-            lookup.answer.set_result((mask, rows, seqs))
+            if not lookup.answer.done():  # else its caller was cancelled meanwhile
+                lookup.answer.set_result(part)
 
     async def _put(
         self, namespace: CacheNamespace, ids: np.ndarray, array: np.ndarray, seq: int
     ) -> None:
-        if not self._usable():
+        if self._closed or not self._usable():
             return
         keys, packed = encode_rows(array, self._keys(namespace, ids), self._integrity_key, seq)
         if not keys:
@@ -325,13 +369,16 @@ class RedisBackedCache(EmbeddingCache):
     async def close(self) -> None:
         """Stop probing and close the connections."""
         self._closed = True
-        if self._reader is not None:  # waiting lookups are answered with misses
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
+        loop = asyncio.get_running_loop()
+        while self._reader is not None:  # waiting lookups are answered with misses
+            reader, self._reader = self._reader, None
+            if reader.get_loop() is loop and not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
         for lookup in self._lookups:
-            lookup.miss()
+            if lookup.answer.get_loop() is loop:
+                lookup.miss()
         self._lookups.clear()
         if self._probe_task is not None:
             self._probe_task.cancel()

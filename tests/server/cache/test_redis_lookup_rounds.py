@@ -100,19 +100,118 @@ def test_lookups_made_during_a_round_go_together_in_the_next(
     asyncio.run(scenario())
 
 
-def test_a_round_holds_at_most_four_mget_chunks_of_keys(
+def test_a_round_holds_at_most_four_mget_chunks_of_keys_and_large_lookups_go_alone(
     redis_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
         async with RedisEmbeddingCache(redis_server, chunk_keys=10) as cache:
             await fill(cache)
             sent = pipelines(monkeypatch)
-            wanted = [np.arange(15 * i, 15 * i + 15) for i in range(5)] + [np.arange(50, 140)]
+            wanted = [np.arange(9 * i, 9 * i + 9) for i in range(5)] + [np.arange(50, 140)]
             results = await asyncio.gather(*(cache.get_many(WIDE, ids) for ids in wanted))
             for ids, result in zip(wanted, results, strict=True):
                 check(result, ids, 100, WIDE.dim)
-            # 40 keys a round: 15 + 15, 15 + 15, 15, then the 90-key lookup alone
-            assert sent == [3, 3, 2, 9]
+            # the 90-key lookup: its own 9 MGETs; the 9-key ones: 36 keys (4 MGETs), then 9
+            assert sorted(sent) == [1, 4, 9]
+
+    asyncio.run(scenario())
+
+
+class SlowRounds(RedisEmbeddingCache):
+    """Real Redis, each fetch ``delay_s`` slower (a loaded Redis that still answers)."""
+
+    delay_s = 0.6
+
+    async def _fetch(self, keys: list[str]) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await super()._fetch(keys)
+
+
+def test_a_lookup_that_waited_a_timeout_for_its_round_is_skipped(redis_server: str) -> None:
+    """Rounds of 0.6 s, timeout 1 s: the lookups that fit the second round (waited 0.6 s)
+    are sent; those left for the third (waited 1.2 s) miss at once, each counted."""
+
+    async def scenario() -> None:
+        async with SlowRounds(redis_server, chunk_keys=10, timeout_s=1.0) as cache:
+            await fill(cache)
+            first = asyncio.ensure_future(cache.get_many(WIDE, np.arange(5)))
+            await asyncio.sleep(0.1)  # the first round is on the wire
+            queued = [np.arange(9 * i, 9 * i + 9) for i in range(8)]  # 4 fit a round
+            results = await asyncio.gather(*(cache.get_many(WIDE, ids) for ids in queued))
+            check(await first, np.arange(5), 100, WIDE.dim)
+            for ids, result in zip(queued[:4], results[:4], strict=True):
+                check(result, ids, 100, WIDE.dim)
+            assert not any(mask.any() for mask, _ in results[4:])
+            assert cache.errors == 4 and cache.available
+
+    asyncio.run(scenario())
+
+
+def test_a_large_lookup_does_not_wait_behind_a_round(redis_server: str) -> None:
+    """Lookups of ``chunk_keys`` keys or more are round trips of their own: started while
+    a 0.6 s round is on the wire, one takes its own 0.6 s, not 1.2 s."""
+
+    async def scenario() -> None:
+        async with SlowRounds(redis_server, chunk_keys=10, timeout_s=5.0) as cache:
+            await fill(cache)
+            first = asyncio.ensure_future(cache.get_many(WIDE, np.arange(5)))
+            await asyncio.sleep(0.1)  # the first round is on the wire
+            start = asyncio.get_running_loop().time()
+            check(await cache.get_many(WIDE, np.arange(20)), np.arange(20), 100, WIDE.dim)
+            assert asyncio.get_running_loop().time() - start < 1.0
+            check(await first, np.arange(5), 100, WIDE.dim)
+
+    asyncio.run(scenario())
+
+
+def test_the_breaker_opening_while_a_call_waits_for_its_turn_skips_the_call(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        async with RedisEmbeddingCache(redis_server, max_connections=1, timeout_s=5.0) as cache:
+            await fill(cache)
+            sent = pipelines(monkeypatch)
+            await cache._turns.acquire()  # the only connection is busy
+            waiting = asyncio.ensure_future(cache.get_many(WIDE, np.arange(3)))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            cache.mark_unavailable("a test")
+            cache._turns.release()
+            mask, _ = await waiting
+            assert not mask.any() and sent == []
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_left_on_a_closed_loop_does_not_strand_later_lookups(redis_server: str) -> None:
+    """A loop stopped mid-round without cancelling its tasks (run_until_complete, then
+    close): the next loop's lookups start a reader of their own, and close() works."""
+    cache = SlowRounds(redis_server, timeout_s=1.0)
+    old = asyncio.new_event_loop()
+    old.run_until_complete(fill(cache))
+    with pytest.raises(TimeoutError):
+        old.run_until_complete(asyncio.wait_for(cache.get_many(WIDE, np.arange(3)), 0.05))
+    old.close()  # the reader is still pending on it
+
+    async def later() -> tuple[np.ndarray, np.ndarray]:
+        return await asyncio.wait_for(cache.get_many(NARROW, np.arange(4)), 5.0)
+
+    mask, rows = asyncio.run(later())
+    assert rows.shape == (4, NARROW.dim)  # answered (hits if the pool's sockets survived)
+    asyncio.run(cache.close())
+
+
+def test_after_close_lookups_and_stores_do_nothing(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        cache = RedisEmbeddingCache(redis_server)
+        await fill(cache)
+        await cache.close()
+        sent = pipelines(monkeypatch)
+        mask, _ = await cache.get_many(WIDE, np.arange(3))
+        await cache.put_many(WIDE, np.arange(3), rows_of(np.arange(3), WIDE.dim))
+        assert not mask.any() and sent == [] and cache._reader is None
 
     asyncio.run(scenario())
 
