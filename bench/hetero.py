@@ -591,7 +591,8 @@ def plot(rows: list[dict], path: Path, setup: dict) -> None:
     )
     ax.set_ylabel("seconds (full evaluation)")
     ax.set_title(
-        f"RGCN, HGT, to_hetero SAGE; recommender graph, {setup['graph']['nodes']:,} nodes, CPU", fontsize=9
+        f"RGCN, HGT, to_hetero SAGE; recommender graph, {setup['graph']['nodes']:,} nodes, CPU",
+        fontsize=9,
     )
     ax.legend(fontsize=7)
     harness.save_figure(fig, path)
