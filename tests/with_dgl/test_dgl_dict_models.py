@@ -39,6 +39,7 @@ def _relation_conv(kind: str, rel: tuple, layer: int, norm: str = "right") -> nn
     return {
         "graph": lambda: dglnn.GraphConv(src, H, norm=norm, allow_zero_in_degree=True),
         "sage": lambda: dglnn.SAGEConv((src, dst), H, "mean"),
+        "pool": lambda: dglnn.SAGEConv((src, dst), H, "pool"),
         "gat": lambda: dglnn.GATConv((src, dst), H // 2, 2, allow_zero_in_degree=True),
     }[kind]()
 
@@ -263,3 +264,72 @@ def test_mod_kwargs_over_an_etype_naming_two_relations_are_refused():
 
     with pytest.raises(ModelTraceError, match="etype 'rates' names several relations"):
         LayerwiseEvaluator(Model().eval(), GraphStore.from_dgl(g), progress=False)
+
+
+def _halved_sum(outputs: list[torch.Tensor], dsttype: str) -> torch.Tensor:
+    """A user's own HeteroGraphConv aggregation (hopserve cannot tell its order does not
+    matter)."""
+    return torch.stack(outputs).sum(0) * 0.5
+
+
+class BiasedRGCN(HeteroRGCN):
+    """:class:`HeteroRGCN` with random biases (DGL initializes them to zero), so a relation
+    left out of a destination's aggregation, or counted twice, changes the result."""
+
+    def __init__(self, kinds: list[str], aggregate) -> None:
+        super().__init__(kinds, aggregate)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.normal_(p)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "aggregate", "in_place"),
+    [
+        (["graph", "sage", "graph", "graph"], "sum", True),
+        (["sage", "graph", "sage", "graph"], "mean", True),
+        (["graph", "graph", "sage", "sage"], "min", True),
+        (["graph", "sage", "sage", "graph"], _halved_sum, False),  # a user's own: subgraph
+        (["pool", "graph", "graph", "graph"], "sum", False),  # pool: transformed rows
+    ],
+)
+def test_raw_source_relation_convs_read_the_stored_table_in_place(kinds, aggregate, in_place):
+    """HeteroGraphConv of raw-source relation convs (GraphConv, SAGE mean) with an
+    order-free aggregation: gather-free layers, each relation conv on a block over the
+    stored table (narrower types: a compact table), exact full and partial in batches of
+    a few nodes; the rest runs on the typed subgraph, exact too."""
+    g = _heterograph(5, counts=(60, 70, 4), edges=(200, 200, 40, 70))
+    torch.manual_seed(5)
+    model = BiasedRGCN(kinds, aggregate).eval()
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
+    offsets = {t.name: t.offset for t in store.node_types}
+    full = ev.evaluate()
+    assert [layer.gather_free for layer in ev.last_stats.layers] == [in_place, in_place]
+    assert min(layer.batches for layer in ev.last_stats.layers) > 5
+    targets, rows = [], []
+    for t, w in want.items():
+        got = full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]]
+        assert_exact(got, w, f"{kinds} {aggregate} {t}")
+        pick = torch.tensor([1, w.shape[0] - 1, 0])
+        targets.append(offsets[t] + pick)
+        rows.append(w[pick])
+    got = ev.evaluate(targets=torch.cat(targets))
+    assert_exact(got[:, : rows[0].shape[1]], torch.cat(rows), f"{kinds} {aggregate} partial")
+
+
+def test_a_typed_store_s_edges_match_their_relations_and_a_probe_graph_s_need_not():
+    from hopserve.worker.convs.hetero import _edges_match_relations
+    from hopserve.worker.hetero.layout import TypeLayout
+
+    store = GraphStore.from_dgl(_heterograph(0))
+    layout = TypeLayout.from_graph(store)
+    assert _edges_match_relations(store, layout)
+    assert _edges_match_relations(store, layout, chunk=7)  # chunked the same
+    wrong = store.edge_type.clone()
+    first_user_edge = int((wrong == layout.relation_id(RELATIONS[1])).nonzero()[0])
+    wrong[first_user_edge] = layout.relation_id(RELATIONS[0])  # item -> user as "clicks"
+    store.edge_type = wrong
+    assert not _edges_match_relations(store, layout)

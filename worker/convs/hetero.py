@@ -29,9 +29,29 @@ from hopserve.worker.hetero.modules import (
     edge_columns,
     group_relations,
     relation_edge_data,
+    zero_in_degree_allowed,
 )
 
 __all__ = ["DictConvAdapter", "HeteroLayerAdapter"]
+
+# DGL HeteroGraphConv aggregations whose result does not depend on the relations' order.
+_ORDER_FREE_DGL_AGGREGATES = {
+    "_sum_reduce_func",
+    "_mean_reduce_func",
+    "_max_reduce_func",
+    "_min_reduce_func",
+}
+
+
+def _order_free(agg_fn: Any) -> bool:
+    """Whether a ``HeteroGraphConv``'s ``agg_fn`` is DGL's own sum, mean, max or min (a
+    ``partial(_agg_func, fn=...)``), whose result does not depend on the relations' order."""
+    inner = getattr(agg_fn, "keywords", {}).get("fn")
+    return (
+        getattr(getattr(agg_fn, "func", None), "__name__", "") == "_agg_func"
+        and getattr(inner, "__name__", "") in _ORDER_FREE_DGL_AGGREGATES
+    )
+
 
 # Per edge of a batch's typed subgraph: relation ids and end types (int64 each), the edge
 # masks and positions, the per-relation edge lists and DGL's formats of them.
@@ -175,6 +195,18 @@ class DictConvAdapter(_TypedAdapter):
     """Runs a :class:`DictConvLayer` on a batch: the conv on the batch's typed subgraph
     (its destinations, their sources and the in-edges between), destination rows kept."""
 
+    def __init__(self, conv: DictConvLayer) -> None:
+        super().__init__(conv)
+        self._typed_key: object = None
+        self._typed_edges = False  # every edge's ends are of its relation's types
+
+    def prepare(self, graph: Any) -> None:
+        super().prepare(graph)
+        key = (id(graph), getattr(graph, "version", None))
+        if key != self._typed_key and self.supports_global_src:
+            self._typed_edges = _edges_match_relations(graph, self.conv.layout)
+            self._typed_key = key
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
         gathered keys, queries, values and the messages, about five input-wide rows; DGL's
@@ -192,9 +224,30 @@ class DictConvAdapter(_TypedAdapter):
             return _SUBGRAPH_EDGE_BYTES + per_edge + edge_data
         return 6 * src_row_bytes + edge_data
 
+    @property
+    def supports_global_src(self) -> bool:
+        """A DGL ``HeteroGraphConv`` whose relation convs reduce raw source rows
+        (``GraphConv``, ``GINConv``, ``SAGEConv`` mean/gcn; no edge data) and whose
+        aggregation over relations does not depend on their order (sum, mean, max, min)
+        reads the stored table in place: each relation conv runs on a block of its
+        relation's batch edges whose sources are the table's rows by storage id, as the
+        homogeneous DGL adapter runs these convs (:mod:`.dgl_conv`); no typed subgraph, no
+        gathered source rows."""
+        layer: DictConvLayer = self.conv
+        mods = getattr(layer.conv, "mods", None)
+        if layer.style != "dgl" or mods is None or layer.edge_data:
+            return False
+        from hopserve.worker.convs.dgl_conv import aggregates_raw_sources
+
+        return _order_free(layer.conv.agg_fn) and all(
+            aggregates_raw_sources(m) for m in mods.values()
+        )
+
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
         values = self.edge_values(batch)
+        if batch.global_src_size is not None:  # x: the stored table, by storage id
+            return self._run_in_place(x, batch, values["edge_type"])
         columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
         out = layer.on_rows(
@@ -207,3 +260,101 @@ class DictConvAdapter(_TypedAdapter):
             num_dst=batch.num_dst,
         )
         return out[: batch.num_dst]
+
+    def _run_in_place(self, x: Tensor, batch: LayerBatch, edge_type: Tensor) -> Tensor:
+        """:attr:`supports_global_src`: per destination type ``t``, each relation
+        ``(s, r, t)`` whose end types the layer reads (as ``HeteroGraphConv`` skips the
+        others) runs its conv on ``(x, x_dst)`` over a block of its batch edges (sources:
+        storage ids; a narrower source type: a compact table of its rows), then the
+        ``HeteroGraphConv``'s own aggregation joins them."""
+        from hopserve.worker.convs.dgl_conv import aggregate_first, csc_block, local_edge_ids
+
+        layer: DictConvLayer = self.conv
+        conv, names, num_dst = layer.conv, layer.layout.names, batch.num_dst
+        index = layer.layout.index
+        dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
+        # A typed store's relation edges join its relation's types (checked once per graph
+        # in prepare); the load-time probe graph's need not, and the forward leaves the
+        # others out, so there each edge's end types are compared too.
+        end_types = None
+        if not self._typed_edges:
+            end_types = (
+                layer.layout.types_of(batch.src_index, batch.num_edges, x.device),
+                dst_types.index_select(0, batch.dst_index),
+            )
+        x_dst_rows = batch.dst_rows(x)
+        out = x.new_zeros((num_dst, *layer.out_shape))
+        pos = torch.empty(num_dst, dtype=torch.long, device=x.device)  # among its type's
+        for t in sorted(layer.in_widths):
+            relations = [
+                (rel, key)
+                for rel, key in layer.relations
+                if index(key[2]) == t and index(key[0]) in layer.in_widths
+            ]
+            dst_sel = (dst_types == t).nonzero().squeeze(1)
+            if not relations or dst_sel.numel() == 0:
+                continue
+            num_t = dst_sel.numel()
+            pos[dst_sel] = torch.arange(num_t, device=x.device)
+            x_dst = x_dst_rows.index_select(0, dst_sel)[:, : layer.in_widths[t]]
+            outs = []
+            for rel, key in relations:
+                s_type = index(key[0])
+                on = edge_type == rel
+                if end_types is not None:
+                    on &= (end_types[0] == s_type) & (end_types[1] == t)
+                on = on.nonzero().squeeze(1)
+                src = batch.src_index.index_select(0, on)
+                # The batch's edges are grouped by destination: dst is non-decreasing.
+                dst = pos.index_select(0, batch.dst_index.index_select(0, on))
+                width = layer.in_widths[s_type]
+                x_src = x
+                if width != x.shape[1]:  # a narrower type: a table of its rows
+                    uniq, src = _compact(src, x.shape[0])
+                    x_src = x.index_select(0, uniq)[:, :width]
+                indptr = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
+                torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=indptr[1:])
+                eids = local_edge_ids(src.numel(), x.device)
+                if x.device.type == "cpu":
+                    block = csc_block(indptr, src, eids, x_src.shape[0], num_t)
+                else:
+                    import dgl
+
+                    block = dgl.create_block(
+                        ("csc", (indptr, src, eids)),
+                        num_src_nodes=x_src.shape[0],
+                        num_dst_nodes=num_t,
+                        device=x.device,
+                    )
+                mod = conv._get_module(key)
+                with zero_in_degree_allowed(mod):
+                    outs.append(aggregate_first(mod)(block, (x_src, x_dst)))
+            y = conv.agg_fn(outs, names[t])
+            out[dst_sel, : y.shape[1]] = y
+        return out
+
+
+def _edges_match_relations(graph: Any, layout: Any, chunk: int = 1 << 20) -> bool:
+    """Whether every edge of ``graph`` starts at its relation's source type and ends at
+    its destination type (a typed store's edges do; a probe graph's random ones need
+    not), read a chunk of CSC positions at a time."""
+    edge_type = getattr(graph, "edge_type", None)
+    indptr, indices = getattr(graph, "indptr", None), getattr(graph, "indices", None)
+    if edge_type is None or indptr is None or indices is None:
+        return False
+    indptr = torch.as_tensor(indptr)
+    rel_src = torch.tensor([layout.index(k[0]) for k in layout.relations], dtype=torch.long)
+    rel_dst = torch.tensor([layout.index(k[2]) for k in layout.relations], dtype=torch.long)
+    num_edges = int(indptr[-1])
+    for a in range(0, num_edges, chunk):
+        b = min(a + chunk, num_edges)
+        rel = torch.as_tensor(edge_type[a:b]).long()
+        if rel.numel() and (int(rel.min()) < 0 or int(rel.max()) >= len(layout.relations)):
+            return False
+        src = torch.as_tensor(indices[a:b]).long()
+        dst = torch.searchsorted(indptr, torch.arange(a, b), right=True) - 1
+        src_t = layout.types_of(src, src.numel(), src.device)
+        dst_t = layout.types_of(dst, dst.numel(), dst.device)
+        if not bool(((rel_src[rel] == src_t) & (rel_dst[rel] == dst_t)).all()):
+            return False
+    return True
