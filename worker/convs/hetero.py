@@ -285,6 +285,7 @@ class DictConvAdapter(_TypedAdapter):
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
         pos = torch.empty(num_dst, dtype=torch.long, device=x.device)  # among its type's
+        relation_kwargs = layer.relation_kwargs()  # per-relation weights, if any
         for t in sorted(layer.in_widths):
             relations = [
                 (rel, key)
@@ -328,7 +329,8 @@ class DictConvAdapter(_TypedAdapter):
                     )
                 mod = conv._get_module(key)
                 with zero_in_degree_allowed(mod):
-                    outs.append(aggregate_first(mod)(block, (x_src, x_dst)))
+                    kw = relation_kwargs.get(key[1], {})
+                    outs.append(aggregate_first(mod)(block, (x_src, x_dst), **kw))
             y = conv.agg_fn(outs, names[t])
             out[dst_sel, : y.shape[1]] = y
         return out

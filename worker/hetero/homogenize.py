@@ -48,6 +48,7 @@ from hopserve.worker.hetero.layout import TypeLayout
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
+    ParamKwargs,
     RelationCall,
     TypedMerge,
     TypedRows,
@@ -144,6 +145,99 @@ class _DictTracer(fx.Tracer):
         if m in self.outputs and self.is_leaf_module(m, ""):
             return {key: out[key] for key in self.outputs[m]}
         return out
+
+    dgl: bool = False
+    """Whether the model is a DGL dict model (its first argument the heterograph)."""
+
+    def _is_graph(self, node: Any) -> bool:
+        """The heterograph (the first placeholder), or its ``local_var()`` (DGL's idiom
+        for a scratch copy)."""
+        if not self.dgl or not isinstance(node, fx.Node):
+            return False
+        if node.op == "placeholder":
+            return node is next(n for n in node.graph.nodes if n.op == "placeholder")
+        return (
+            node.op == "call_method" and node.target == "local_var" and self._is_graph(node.args[0])
+        )
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        """``graph.is_block`` is False: the model is traced for, and served from, the whole
+        heterograph (DGL models branch on it to slice destination rows of a block)."""
+        if (
+            isinstance(obj, fx.proxy.Attribute)
+            and obj.attr == "is_block"
+            and self._is_graph(obj.root.node)
+        ):
+            return False
+        return super().to_bool(obj)
+
+    def iter(self, obj: fx.Proxy) -> Any:
+        """A value computed from parameters only (``torch.split(weight, 1)`` of per-relation
+        weights, as DGL's rgcn-hetero example makes them) iterates over its items; any
+        other proxy cannot be iterated (fx's error)."""
+        value = self.parameter_value(obj.node)
+        if value is None or not hasattr(value, "__len__"):
+            return super().iter(obj)
+        return iter([obj[i] for i in range(len(value))])
+
+    def parameter_value(self, node: fx.Node, memo: dict | None = None) -> Any:
+        """The value of ``node`` when it reads parameters and constants only, else
+        ``None``."""
+        memo = {} if memo is None else memo
+        if node in memo:
+            return memo[node]
+        if node.op not in ("get_attr", "call_function", "call_method", "call_module"):
+            return None
+        inputs = {}
+        for n in node.all_input_nodes:
+            v = self.parameter_value(n, memo)
+            if v is None:
+                return None
+            inputs[n] = v
+        args = fx.node.map_arg(node.args, inputs.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, inputs.__getitem__)
+        with torch.no_grad():
+            if node.op == "get_attr":
+                value = _fetch_attr(self.root, str(node.target))
+            elif node.op == "call_function":
+                value = node.target(*args, **kwargs)
+            elif node.op == "call_method":
+                value = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                value = self.root.get_submodule(str(node.target))(*args, **kwargs)
+        memo[node] = value
+        return value
+
+
+def _fetch_attr(root: nn.Module, target: str) -> Any:
+    """``root``'s attribute ``target`` (dotted), read from the modules' own dicts: while fx
+    traces, ``Module.__getattr__`` hands out proxies of parameters."""
+    value: Any = root
+    for part in target.split("."):
+        if isinstance(value, nn.Module):
+            for store in (value._parameters, value._buffers, value._modules, value.__dict__):
+                if part in store:
+                    value = store[part]
+                    break
+            else:
+                raise AttributeError(target)
+        else:
+            value = getattr(value, part)
+    return value
+
+
+def parameter_only(node: fx.Node) -> bool:
+    """Whether ``node`` reads no input of the model (parameters and constants only)."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            return False
+        todo.extend(n.all_input_nodes)
+    return True
 
 
 def _example(
@@ -322,6 +416,7 @@ class _Builder:
                 f"({type(err).__name__}: {err})"
             ) from err
         tracer = _DictTracer(outputs)
+        tracer.dgl = self.dgl
         try:
             graph = tracer.trace(self.model, concrete_args=concrete)
         except Exception as err:
@@ -498,6 +593,13 @@ class _Builder:
         return next(iter(types), None)
 
     def _function(self, node: fx.Node) -> _Value:
+        if (
+            node.op == "call_method"
+            and node.target == "local_var"
+            and isinstance(node.args[0], fx.Node)
+            and self._kind(node.args[0]) == "graph"
+        ):
+            return _Value(None, kind="graph")  # DGL's scratch copy: the same graph
         types: set[int] = set()
         args, kwargs = self._map(node, types)
         t = self._one_type(node, types)
@@ -707,7 +809,7 @@ class _Builder:
             )
         for rel, mod in conv.mods.items():
             _check_dgl_relation_conv(mod, f"{node.target}.{rel}", where)
-        edge_data = self._dgl_edge_data(args.get("mod_kwargs"), where)
+        edge_data, params = self._dgl_edge_data(args.get("mod_kwargs"), where)
         inputs = self._typed_inputs(args["inputs"], where)
         types = sorted(inputs)
         widths = {t: int(self.shapes[inputs[t]][-1]) for t in types}
@@ -719,15 +821,21 @@ class _Builder:
             conv, self.layout, relations, widths, _out_shape(out_widths, where), style="dgl"
         )
         layer.edge_data = edge_data
+        if params:
+            fn = self._parameter_function([node for _, _, node in params])
+            layer.param_kwargs = ParamKwargs(fn, [(etype, param) for etype, param, _ in params])
         out = self._layer(layer, [self.values[inputs[t]].node for t in types], types)
         return _Value(out, kind="hetero", payload=(layer, out_widths))
 
-    def _dgl_edge_data(self, mod_kwargs: Any, where: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    def _dgl_edge_data(
+        self, mod_kwargs: Any, where: str
+    ) -> tuple[dict[str, tuple[tuple[str, str], ...]], list[tuple[str, str, fx.Node]]]:
         """``HeteroGraphConv``'s ``mod_kwargs`` as ``{etype: ((conv parameter, edge
-        column), ...)}``: each value must be its relation's rows of a per-relation edge data
-        dict (``edge_weight_dict[(src, etype, dst)]``)."""
+        column), ...)}``, each value its relation's rows of a per-relation edge data dict
+        (``edge_weight_dict[(src, etype, dst)]``), and ``[(etype, conv parameter, node)]``
+        of the values computed from parameters only (per-relation weights)."""
         if mod_kwargs is None:
-            return {}
+            return {}, []
         if not isinstance(mod_kwargs, dict):
             raise _error(f"{where}: its mod_kwargs must be a dict {{etype: {{param: value}}}}")
         names = {k[1]: k for k in self.layout.relations}
@@ -739,7 +847,7 @@ class _Builder:
                 f"relations ({', '.join(str(k) for k in self.layout.relations if k[1] == shared[0])}"
                 "); give each relation its own etype name"
             )
-        out = {}
+        out, params = {}, []
         for etype, kw in mod_kwargs.items():
             if etype not in names or not isinstance(kw, dict):
                 raise _error(
@@ -748,6 +856,9 @@ class _Builder:
                 )
             data = []
             for param, value in kw.items():
+                if isinstance(value, fx.Node) and parameter_only(value):
+                    params.append((etype, param, value))
+                    continue
                 v = self.values.get(value) if isinstance(value, fx.Node) else None
                 if v is None or v.kind != "edge_data" or v.payload[1] != names[etype]:
                     raise _error(
@@ -756,8 +867,26 @@ class _Builder:
                         "(edge_weight_dict, edge_attr_dict)"
                     )
                 data.append((param, v.payload[0]))
-            out[etype] = tuple(data)
-        return out
+            if data:
+                out[etype] = tuple(data)
+        return out, params
+
+    def _parameter_function(self, nodes: list[fx.Node]) -> fx.GraphModule:
+        """A graph module without inputs computing ``nodes`` (parameter-only values of the
+        traced model) from the model's own parameters (shared, not copied)."""
+        needed: set[fx.Node] = set()
+        todo = list(nodes)
+        while todo:
+            n = todo.pop()
+            if n not in needed:
+                needed.add(n)
+                todo.extend(n.all_input_nodes)
+        graph, env = fx.Graph(), {}
+        for n in self.gm.graph.nodes:
+            if n in needed:
+                env[n] = graph.node_copy(n, env.__getitem__)
+        graph.output(tuple(env[n] for n in nodes))
+        return fx.GraphModule(self.gm, graph)
 
     def _typed_inputs(self, x_arg: dict, where: str) -> dict[int, fx.Node]:
         inputs: dict[int, fx.Node] = {}

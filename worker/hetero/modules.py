@@ -32,6 +32,7 @@ from hopserve.worker.hetero.layout import TypeLayout
 __all__ = [
     "DictConvLayer",
     "HeteroLayer",
+    "ParamKwargs",
     "RelationCall",
     "TypedMerge",
     "TypedRows",
@@ -234,6 +235,29 @@ def _csc(edge_index: Tensor, num_dst: int) -> tuple[str, tuple[Tensor, Tensor, T
     return "csc", (indptr, src, torch.arange(src.numel(), device=src.device))
 
 
+class ParamKwargs(nn.Module):
+    """Keyword tensors of a ``HeteroGraphConv``'s relation convs that the model computes
+    from its parameters only (DGL's rgcn-hetero example passes each relation's weight,
+    made from a basis, as ``mod_kwargs={etype: {"weight": W_r}}``): ``fn`` is that part of
+    the model's graph, run at each call, so the tensors follow the parameters.
+
+    Args:
+        fn: a graph module without inputs returning the tensors, in ``keys`` order.
+        keys: ``(etype, conv parameter)`` of each tensor.
+    """
+
+    def __init__(self, fn: nn.Module, keys: Sequence[tuple[str, str]]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.keys = tuple(keys)
+
+    def forward(self) -> dict[str, dict[str, Tensor]]:
+        out: dict[str, dict[str, Tensor]] = {}
+        for (etype, param), value in zip(self.keys, self.fn(), strict=True):
+            out.setdefault(etype, {})[param] = value
+        return out
+
+
 class DictConvLayer(nn.Module):
     """A conv that takes per-type dicts itself (PyG ``HGTConv``), on the homogeneous form.
 
@@ -276,6 +300,12 @@ class DictConvLayer(nn.Module):
         # conv's edge data from the store's columns (rows of its relation's edges)
         self.edge_data: dict[str, tuple[tuple[str, str], ...]] = {}
         self.edge_dim: int | None = None  # edge feature width, when relation convs read them
+        # DGL's mod_kwargs computed from the model's parameters (per-relation weights)
+        self.param_kwargs: ParamKwargs | None = None
+
+    def relation_kwargs(self) -> dict[str, dict[str, Tensor]]:
+        """``{etype: {conv parameter: tensor}}`` of :attr:`param_kwargs` (empty without)."""
+        return {} if self.param_kwargs is None else self.param_kwargs()
 
     def forward(
         self,
@@ -335,6 +365,8 @@ class DictConvLayer(nn.Module):
             if data:
                 call = RelationCall(key, rel, index(key[0]), index(key[2]), data)
                 mod_kwargs[key[1]] = relation_edge_data(call, columns or {}, on)
+        for etype, kw in self.relation_kwargs().items():
+            mod_kwargs.setdefault(etype, {}).update(kw)
         block = self.style == "dgl" and num_dst is not None
         if self.style == "dgl":
             import dgl
