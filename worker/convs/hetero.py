@@ -262,78 +262,108 @@ class DictConvAdapter(_TypedAdapter):
         return out[: batch.num_dst]
 
     def _run_in_place(self, x: Tensor, batch: LayerBatch, edge_type: Tensor) -> Tensor:
-        """:attr:`supports_global_src`: per destination type ``t``, each relation
-        ``(s, r, t)`` whose end types the layer reads (as ``HeteroGraphConv`` skips the
-        others) runs its conv on ``(x, x_dst)`` over a block of its batch edges (sources:
-        storage ids; a narrower source type: a compact table of its rows), then the
-        ``HeteroGraphConv``'s own aggregation joins them."""
-        from hopserve.worker.convs.dgl_conv import aggregate_first, csc_block, local_edge_ids
-
+        """:attr:`supports_global_src`: per run of same-type destinations (a type's rows
+        are storage-id ranges, so a batch's destinations of one type come in a few runs,
+        and, the batch's edges being grouped by destination, so do their in-edges), each
+        relation ``(s, r, t)`` whose end types the layer reads (``HeteroGraphConv`` skips
+        the others) runs its conv on ``(x, x_dst)`` over a block of the run's edges of
+        ``r`` (sources: storage ids; a narrower source type: a compact table of its rows),
+        then the ``HeteroGraphConv``'s own aggregation joins them."""
         layer: DictConvLayer = self.conv
-        conv, names, num_dst = layer.conv, layer.layout.names, batch.num_dst
-        index = layer.layout.index
+        index, num_dst = layer.layout.index, batch.num_dst
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
         # A typed store's relation edges join its relation's types (checked once per graph
         # in prepare); the load-time probe graph's need not, and the forward leaves the
-        # others out, so there each edge's end types are compared too.
-        end_types = None
+        # others out, so there each edge's source type is compared too.
+        src_types = None
         if not self._typed_edges:
-            end_types = (
-                layer.layout.types_of(batch.src_index, batch.num_edges, x.device),
-                dst_types.index_select(0, batch.dst_index),
-            )
+            src_types = layer.layout.types_of(batch.src_index, batch.num_edges, x.device)
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
-        pos = torch.empty(num_dst, dtype=torch.long, device=x.device)  # among its type's
         relation_kwargs = layer.relation_kwargs()  # per-relation weights, if any
-        for t in sorted(layer.in_widths):
-            relations = [
+        by_type = {
+            t: [
                 (rel, key)
                 for rel, key in layer.relations
                 if index(key[2]) == t and index(key[0]) in layer.in_widths
             ]
-            dst_sel = (dst_types == t).nonzero().squeeze(1)
-            if not relations or dst_sel.numel() == 0:
+            for t in layer.in_widths
+        }
+        starts = (dst_types[1:] != dst_types[:-1]).nonzero().squeeze(1).add_(1).tolist()
+        bounds = [0, *starts, num_dst]
+        kinds = dst_types[bounds[:-1]].tolist() if num_dst else []
+        edge_bounds = batch.indptr[bounds].tolist() if num_dst else []
+        for k, t in enumerate(kinds):
+            relations = by_type.get(t)
+            if not relations:
                 continue
-            num_t = dst_sel.numel()
-            pos[dst_sel] = torch.arange(num_t, device=x.device)
-            x_dst = x_dst_rows.index_select(0, dst_sel)[:, : layer.in_widths[t]]
+            a, b = bounds[k], bounds[k + 1]
+            e0, e1 = edge_bounds[k], edge_bounds[k + 1]
+            x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
-                s_type = index(key[0])
-                on = edge_type == rel
-                if end_types is not None:
-                    on &= (end_types[0] == s_type) & (end_types[1] == t)
-                on = on.nonzero().squeeze(1)
+                on = edge_type[e0:e1] == rel
+                if src_types is not None:
+                    on &= src_types[e0:e1] == index(key[0])
+                on = on.nonzero().squeeze(1).add_(e0)
                 src = batch.src_index.index_select(0, on)
-                # The batch's edges are grouped by destination: dst is non-decreasing.
-                dst = pos.index_select(0, batch.dst_index.index_select(0, on))
-                width = layer.in_widths[s_type]
-                x_src = x
-                if width != x.shape[1]:  # a narrower type: a table of its rows
-                    uniq, src = _compact(src, x.shape[0])
-                    x_src = x.index_select(0, uniq)[:, :width]
-                indptr = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
-                torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=indptr[1:])
-                eids = local_edge_ids(src.numel(), x.device)
-                if x.device.type == "cpu":
-                    block = csc_block(indptr, src, eids, x_src.shape[0], num_t)
-                else:
-                    import dgl
-
-                    block = dgl.create_block(
-                        ("csc", (indptr, src, eids)),
-                        num_src_nodes=x_src.shape[0],
-                        num_dst_nodes=num_t,
-                        device=x.device,
-                    )
-                mod = conv._get_module(key)
-                with zero_in_degree_allowed(mod):
-                    kw = relation_kwargs.get(key[1], {})
-                    outs.append(aggregate_first(mod)(block, (x_src, x_dst), **kw))
-            y = conv.agg_fn(outs, names[t])
-            out[dst_sel, : y.shape[1]] = y
+                # Grouped by destination: the run's positions, non-decreasing.
+                dst = batch.dst_index.index_select(0, on).sub_(a)
+                outs.append(self._relation_in_place(x, x_dst, src, dst, key, relation_kwargs))
+            y = _aggregate(layer.conv.agg_fn, outs, layer.layout.names[t])
+            out[a:b, : y.shape[1]] = y
         return out
+
+    def _relation_in_place(
+        self,
+        x: Tensor,
+        x_dst: Tensor,
+        src: Tensor,
+        dst: Tensor,
+        key: tuple[str, str, str],
+        relation_kwargs: dict[str, dict[str, Tensor]],
+    ) -> Tensor:
+        """Relation ``key``'s conv on a block of edges ``src`` (storage ids) ->
+        ``dst`` (positions among ``x_dst``'s rows, non-decreasing)."""
+        from hopserve.worker.convs.dgl_conv import aggregate_first, csc_block, local_edge_ids
+
+        layer: DictConvLayer = self.conv
+        num_t = x_dst.shape[0]
+        width = layer.in_widths[layer.layout.index(key[0])]
+        x_src = x
+        if width != x.shape[1]:  # a narrower type: a table of its rows
+            uniq, src = _compact(src, x.shape[0])
+            x_src = x.index_select(0, uniq)[:, :width]
+        indptr = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
+        torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=indptr[1:])
+        eids = local_edge_ids(src.numel(), x.device)
+        if x.device.type == "cpu":
+            block = csc_block(indptr, src, eids, x_src.shape[0], num_t)
+        else:
+            import dgl
+
+            block = dgl.create_block(
+                ("csc", (indptr, src, eids)),
+                num_src_nodes=x_src.shape[0],
+                num_dst_nodes=num_t,
+                device=x.device,
+            )
+        mod = layer.conv._get_module(key)
+        with zero_in_degree_allowed(mod):
+            return aggregate_first(mod)(block, (x_src, x_dst), **relation_kwargs.get(key[1], {}))
+
+
+def _aggregate(agg_fn: Any, outs: list[Tensor], dsttype: str) -> Tensor:
+    """``HeteroGraphConv``'s ``agg_fn(outs, dsttype)``; DGL's sum and mean (``torch.stack``,
+    then the reduction over the stack) accumulate into the first output instead: the same
+    values, without the ``[R, n, d]`` stack."""
+    name = getattr(getattr(agg_fn, "keywords", {}).get("fn"), "__name__", "")
+    if name not in ("_sum_reduce_func", "_mean_reduce_func") or len(outs) < 2:
+        return agg_fn(outs, dsttype)
+    y = outs[0].clone()  # a relation conv's output may be a view of its input
+    for other in outs[1:]:
+        y.add_(other)
+    return y.div_(len(outs)) if name == "_mean_reduce_func" else y
 
 
 def _edges_match_relations(graph: Any, layout: Any, chunk: int = 1 << 20) -> bool:
