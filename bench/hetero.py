@@ -21,7 +21,13 @@ of each edge, as DGL's RGCN example does on ``dgl.to_homogeneous``:
   HGT example runs it on ``dgl.to_homogeneous`` (node type ids from the store's types),
   against DGL's own layer-wise loop and full-graph forward;
 * ``to-hetero`` — PyG ``to_hetero`` (``aggr="sum"``) of a homogeneous GraphSAGE x L (a
-  ``SAGEConv`` copy per relation), against its own full-graph forward.
+  ``SAGEConv`` copy per relation), against its own full-graph forward;
+* ``dgl-example`` — DGL's rgcn-hetero example model as published (``RelGraphConvLayer``:
+  ``HeteroGraphConv`` of ``GraphConv(norm="right", weight=False)`` per relation, weights
+  from a ``WeightBasis`` passed through ``mod_kwargs``, self-loop, bias) x L, relu between,
+  ``forward(g, x_dict)`` on the heterograph, against the example's own ``inference`` (per
+  layer a ``DataLoader`` over every node of every type, ``MultiLayerFullNeighborSampler(1)``
+  blocks of the heterograph) and its full-graph forward.
 
 Methods (each in its own interpreter; peak RSS over the child's RSS before it opened the
 graph, against the memory model graph + features + two layers of ``hidden``-wide rows):
@@ -56,8 +62,16 @@ FULL = {
     "hgt": ("hopserve", "hgt-fullgraph"),
     "dgl-hgt": ("hopserve", "dgl-manual", "dgl-hgt-fullgraph"),
     "to-hetero": ("hopserve", "to-hetero-fullgraph"),
+    "dgl-example": ("hopserve", "dgl-manual", "dgl-example-fullgraph"),
 }
-MODEL = {"dgl": "RGCN", "pyg": "RGCN", "hgt": "HGT", "dgl-hgt": "HGT", "to-hetero": "SAGE"}
+MODEL = {
+    "dgl": "RGCN",
+    "pyg": "RGCN",
+    "hgt": "HGT",
+    "dgl-hgt": "HGT",
+    "to-hetero": "SAGE",
+    "dgl-example": "RGCN",
+}
 CHILD_KEYS = ("hidden", "out_dim", "bases", "threads", "budget_mb")
 
 
@@ -73,6 +87,9 @@ def make_model(
 
     dims = [d_in] + [hidden] * (layers - 1) + [d_out]
     torch.manual_seed(0)
+    if library == "dgl-example":
+        names = sorted({r[1] for r in metadata[1]})
+        return EntityClassify(dims, names, bases).eval()
     if library == "to-hetero":
         from torch_geometric.nn import SAGEConv, to_hetero
 
@@ -167,6 +184,122 @@ def make_model(
             return x
 
     return PyGRGCN().eval()
+
+
+def _rgcn_hetero_example():
+    """DGL's rgcn-hetero example layer (``examples/pytorch/rgcn-hetero/model.py``) and its
+    ``EntityClassify``, as published (dropout 0: the benchmark runs in eval mode)."""
+    import dgl.nn.pytorch as dglnn
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class RelGraphConvLayer(nn.Module):
+        def __init__(self, in_feat, out_feat, rel_names, num_bases, *, weight=True,
+                     bias=True, activation=None, self_loop=False):  # fmt: skip
+            super().__init__()
+            self.rel_names, self.bias, self.activation = rel_names, bias, activation
+            self.self_loop = self_loop
+            self.conv = dglnn.HeteroGraphConv(
+                {
+                    rel: dglnn.GraphConv(in_feat, out_feat, norm="right", weight=False, bias=False)
+                    for rel in rel_names
+                }
+            )
+            self.use_weight = weight
+            self.use_basis = num_bases < len(self.rel_names) and weight
+            if self.use_weight:
+                if self.use_basis:
+                    self.basis = dglnn.WeightBasis((in_feat, out_feat), num_bases, len(rel_names))
+                else:
+                    self.weight = nn.Parameter(torch.Tensor(len(rel_names), in_feat, out_feat))
+                    nn.init.xavier_uniform_(self.weight, gain=nn.init.calculate_gain("relu"))
+            if bias:
+                self.h_bias = nn.Parameter(torch.zeros(out_feat))
+            if self_loop:
+                self.loop_weight = nn.Parameter(torch.Tensor(in_feat, out_feat))
+                nn.init.xavier_uniform_(self.loop_weight, gain=nn.init.calculate_gain("relu"))
+
+        def forward(self, g, inputs):
+            g = g.local_var()
+            if self.use_weight:
+                weight = self.basis() if self.use_basis else self.weight
+                wdict = {
+                    self.rel_names[i]: {"weight": w.squeeze(0)}
+                    for i, w in enumerate(torch.split(weight, 1, dim=0))
+                }
+            else:
+                wdict = {}
+            if g.is_block:
+                inputs_dst = {k: v[: g.number_of_dst_nodes(k)] for k, v in inputs.items()}
+            else:
+                inputs_dst = inputs
+            hs = self.conv(g, inputs, mod_kwargs=wdict)
+
+            def _apply(ntype, h):
+                if self.self_loop:
+                    h = h + torch.matmul(inputs_dst[ntype], self.loop_weight)
+                if self.bias:
+                    h = h + self.h_bias
+                if self.activation:
+                    h = self.activation(h)
+                return h
+
+            return {ntype: _apply(ntype, h) for ntype, h in hs.items()}
+
+    class EntityClassify(nn.Module):
+        def __init__(self, dims, rel_names, num_bases):
+            super().__init__()
+            last = len(dims) - 2
+            self.layers = nn.ModuleList(
+                RelGraphConvLayer(
+                    a,
+                    b,
+                    rel_names,
+                    num_bases,
+                    self_loop=True,
+                    activation=None if i == last else F.relu,
+                )  # fmt: skip
+                for i, (a, b) in enumerate(zip(dims, dims[1:], strict=False))
+            )
+
+        def forward(self, g, h):
+            for layer in self.layers:
+                h = layer(g, h)
+            return h
+
+    return EntityClassify
+
+
+def EntityClassify(dims, rel_names, num_bases):  # noqa: N802 - the example's class name
+    """The example's model (built lazily: DGL is imported in the DGL venv only)."""
+    return _rgcn_hetero_example()(dims, rel_names, num_bases)
+
+
+def dgl_example_inference(model, g, x_dict, batch_size: int):
+    """The rgcn-hetero example's ``EntityClassify.inference``: layer by layer, every node
+    of every type in batches of full 1-hop blocks of the heterograph."""
+    import torch
+    from dgl.dataloading import DataLoader, MultiLayerFullNeighborSampler
+
+    x = x_dict
+    with torch.no_grad():
+        for layer in model.layers:
+            loader = DataLoader(
+                g, {k: torch.arange(g.num_nodes(k)) for k in g.ntypes},
+                MultiLayerFullNeighborSampler(1), batch_size=batch_size, shuffle=False,
+                drop_last=False, num_workers=0,
+            )  # fmt: skip
+            y = {}
+            for input_nodes, output_nodes, blocks in loader:
+                h = layer(blocks[0], {k: x[k][input_nodes[k]] for k in input_nodes})
+                for k, rows in output_nodes.items():
+                    if k in h:
+                        if k not in y:
+                            y[k] = torch.zeros(g.num_nodes(k), h[k].shape[1])
+                        y[k][rows] = h[k]
+            x = y
+    return x
 
 
 def external_graph(store):
@@ -291,6 +424,34 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         result["stages"] = harness.stage_seconds(
             ev.last_stats, ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s")
         )
+    elif args.library == "dgl-example":  # the heterograph itself, per-type inputs
+        import dgl
+
+        x_dict, edge_index_dict = typed_inputs(store)
+        g = dgl.heterograph(
+            {k: (e[0], e[1]) for k, e in edge_index_dict.items()},
+            num_nodes_dict={t.name: t.count for t in store.node_types},
+        )
+
+        def stacked(out: dict) -> torch.Tensor:
+            return torch.cat([out[t.name] for t in store.node_types])
+
+        if method == "dgl-example-fullgraph":
+            with torch.no_grad():
+                out, secs = harness.timed(lambda: stacked(model(g, x_dict)), args.repeat)
+        else:
+            grid = {}
+            for bs in args.batch_grid:
+                run = lambda bs=bs: dgl_example_inference(model, g, x_dict, bs)  # noqa: E731
+                _, s1 = harness.timed(run, 1)
+                grid[bs] = round(s1[0], 3)
+            best = min(grid, key=grid.get)
+            out, secs = harness.timed(
+                lambda: stacked(dgl_example_inference(model, g, x_dict, best)),
+                max(1, args.repeat - 1),
+            )
+            secs.append(grid[best])
+            result.update(batch_size=best, grid_seconds=grid)
     elif method in ("dgl-fullgraph", "dgl-hgt-fullgraph", "dgl-manual", "dgl-nodewise"):
         import dgl
 
@@ -526,7 +687,7 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             + (f" / {manual['scaled_max_abs_diff']:.1e}" if manual else ""),
         ])  # fmt: skip
     lines = [
-        f"RGCN, HGT and to_hetero SAGE on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
+        f"RGCN (RelGraphConv, RGCNConv, DGL's rgcn-hetero example), HGT and to_hetero SAGE on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
         f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
         f"{args.threads} threads ({setup['machine']}); {versions}; hopserve's batch budget "
