@@ -95,6 +95,22 @@ class HeteroLayerAdapter(_TypedAdapter):
         in_place = batch.global_src_size is not None  # x: the stored table, by storage id
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
+        if in_place:  # by runs of same-type destinations, each run's edges one slice
+            by_dst = dict(layer.by_dst)
+            for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
+                if t not in by_dst:
+                    continue
+                x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
+                outs = []
+                for k in by_dst[t]:
+                    on = (edge_type[e0:e1] == layer.calls[k].relation).nonzero().squeeze(1)
+                    on = on.add_(e0)
+                    src = src_index.index_select(0, on)
+                    dst = dst_index.index_select(0, on).sub_(a)
+                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst))
+                y = group_relations(outs, layer.aggr)
+                out[a:b, : y.shape[1]] = y
+            return out
         for t, ks in layer.by_dst:
             dst_sel = (dst_types == t).nonzero().squeeze(1)
             if dst_sel.numel() == 0:
@@ -174,6 +190,21 @@ class HeteroLayerAdapter(_TypedAdapter):
         width = layer.in_widths[call.dst]
         table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
         return conv(table, torch.stack([local, dst]), **edge_kw)[:num_t]
+
+
+def _destination_runs(dst_types: Tensor, indptr: Tensor) -> list[tuple[int, int, int, int, int]]:
+    """``(type, first, end, first edge, end edge)`` of each run of same-type destinations
+    of a batch (a type's rows are storage-id ranges, so a batch's destinations of one
+    type come in a few runs, and, its edges being grouped by destination, so do their
+    in-edges: each run's are one slice)."""
+    n = dst_types.numel()
+    if n == 0:
+        return []
+    starts = (dst_types[1:] != dst_types[:-1]).nonzero().squeeze(1).add_(1).tolist()
+    bounds = [0, *starts, n]
+    kinds = dst_types[bounds[:-1]].tolist()
+    edges = indptr[bounds].tolist()
+    return [(t, bounds[k], bounds[k + 1], edges[k], edges[k + 1]) for k, t in enumerate(kinds)]
 
 
 def _compact(index: Tensor, n: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -289,16 +320,10 @@ class DictConvAdapter(_TypedAdapter):
             ]
             for t in layer.in_widths
         }
-        starts = (dst_types[1:] != dst_types[:-1]).nonzero().squeeze(1).add_(1).tolist()
-        bounds = [0, *starts, num_dst]
-        kinds = dst_types[bounds[:-1]].tolist() if num_dst else []
-        edge_bounds = batch.indptr[bounds].tolist() if num_dst else []
-        for k, t in enumerate(kinds):
+        for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
             relations = by_type.get(t)
             if not relations:
                 continue
-            a, b = bounds[k], bounds[k + 1]
-            e0, e1 = edge_bounds[k], edge_bounds[k + 1]
             x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
