@@ -318,18 +318,3 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(kinds, aggrega
         rows.append(w[pick])
     got = ev.evaluate(targets=torch.cat(targets))
     assert_exact(got[:, : rows[0].shape[1]], torch.cat(rows), f"{kinds} {aggregate} partial")
-
-
-def test_a_typed_store_s_edges_match_their_relations_and_a_probe_graph_s_need_not():
-    from hopserve.worker.convs.hetero import _edges_match_relations
-    from hopserve.worker.hetero.layout import TypeLayout
-
-    store = GraphStore.from_dgl(_heterograph(0))
-    layout = TypeLayout.from_graph(store)
-    assert _edges_match_relations(store, layout)
-    assert _edges_match_relations(store, layout, chunk=7)  # chunked the same
-    wrong = store.edge_type.clone()
-    first_user_edge = int((wrong == layout.relation_id(RELATIONS[1])).nonzero()[0])
-    wrong[first_user_edge] = layout.relation_id(RELATIONS[0])  # item -> user as "clicks"
-    store.edge_type = wrong
-    assert not _edges_match_relations(store, layout)

@@ -225,3 +225,70 @@ def test_iterating_a_value_of_the_inputs_is_still_refused_with_the_tracer_s_reas
     g = _graph(0)
     with pytest.raises(ModelTraceError, match="could not be traced.*iterated"):
         LayerwiseEvaluator(SplitsItsInput().eval(), GraphStore.from_dgl(g), progress=False)
+
+
+class HeteroGraphConv(dglnn.HeteroGraphConv):
+    """A user's subclass of the same name whose forward gates each relation's output: the
+    in-place path (which repeats DGL's own forward) must not take it."""
+
+    def __init__(self, mods) -> None:
+        super().__init__(mods)
+        self.gate = nn.Parameter(torch.linspace(0.5, 2.0, len(mods)))
+
+    def forward(self, g, inputs, mod_args=None, mod_kwargs=None):
+        outputs = {}
+        for k, (stype, etype, dtype) in enumerate(g.canonical_etypes):
+            mod = self._get_module((stype, etype, dtype))
+            y = mod(g[stype, etype, dtype], (inputs[stype], inputs[dtype])) * self.gate[k]
+            outputs[dtype] = outputs.get(dtype, 0) + y
+        return outputs
+
+
+class Gated(nn.Module):
+    def __init__(self, rels) -> None:
+        super().__init__()
+        self.conv = HeteroGraphConv(
+            {r: dglnn.GraphConv(6, 4, norm="right", allow_zero_in_degree=True) for r in rels}
+        )
+
+    def forward(self, g, inputs):
+        return self.conv(g, inputs)
+
+
+def test_a_subclass_of_heterographconv_runs_its_own_forward():
+    g = _graph(4)
+    model = Gated(sorted(set(g.etypes))).eval()
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=4, progress=False)  # self-check on
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    full = ev.evaluate()
+    assert [layer.gather_free for layer in ev.last_stats.layers] == [False]
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"gated {t}")
+
+
+class LearnedEdgeWeights(nn.Module):
+    """A per-edge parameter passed as edge data: not a weight, and not the store's."""
+
+    def __init__(self, rels, num_edges) -> None:
+        super().__init__()
+        self.conv = dglnn.HeteroGraphConv(
+            {r: dglnn.GraphConv(6, 4, norm="right", allow_zero_in_degree=True) for r in rels}
+        )
+        self.rels = rels
+        self.ew = nn.Parameter(torch.ones(num_edges))
+
+    def forward(self, g, inputs):
+        return self.conv(g, inputs, mod_kwargs={self.rels[0]: {"edge_weight": self.ew}})
+
+
+def test_a_parameter_passed_as_edge_data_is_refused_naming_it():
+    g = _graph(0)
+    rels = sorted(set(g.etypes))
+    # Sized like the load-time example graph's relations (12 edges), so that tracing, not
+    # the example run, is what meets it.
+    model = LearnedEdgeWeights(rels, 12).eval()
+    with pytest.raises(ModelTraceError, match=r"mod_kwargs\['[\w-]+'\]\['edge_weight'\] is not"):
+        LayerwiseEvaluator(model, GraphStore.from_dgl(g), progress=False)

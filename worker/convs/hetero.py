@@ -34,23 +34,33 @@ from hopserve.worker.hetero.modules import (
 
 __all__ = ["DictConvAdapter", "HeteroLayerAdapter"]
 
+
 # DGL HeteroGraphConv aggregations whose result does not depend on the relations' order.
-_ORDER_FREE_DGL_AGGREGATES = {
-    "_sum_reduce_func",
-    "_mean_reduce_func",
-    "_max_reduce_func",
-    "_min_reduce_func",
-}
+def _dgl_reducer(agg_fn: Any) -> str | None:
+    """``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` when a ``HeteroGraphConv``'s
+    ``agg_fn`` is DGL's own (``partial(_agg_func, fn=<DGL's reducer>)``, compared by
+    identity: a user's function of the same name is not), whose result does not depend
+    on the relations' order; else ``None``."""
+    from dgl.nn.pytorch import hetero
+
+    if getattr(agg_fn, "func", None) is not hetero._agg_func:
+        return None
+    inner = agg_fn.keywords.get("fn")
+    reducers = {
+        hetero._sum_reduce_func: "sum",
+        hetero._mean_reduce_func: "mean",
+        hetero._max_reduce_func: "max",
+        hetero._min_reduce_func: "min",
+    }
+    return reducers.get(inner)
 
 
-def _order_free(agg_fn: Any) -> bool:
-    """Whether a ``HeteroGraphConv``'s ``agg_fn`` is DGL's own sum, mean, max or min (a
-    ``partial(_agg_func, fn=...)``), whose result does not depend on the relations' order."""
-    inner = getattr(agg_fn, "keywords", {}).get("fn")
-    return (
-        getattr(getattr(agg_fn, "func", None), "__name__", "") == "_agg_func"
-        and getattr(inner, "__name__", "") in _ORDER_FREE_DGL_AGGREGATES
-    )
+def _is_dgl_hetero_graph_conv(conv: Any) -> bool:
+    """DGL's own ``HeteroGraphConv`` (not a subclass or a class of the same name: the
+    in-place path repeats its forward)."""
+    from dgl.nn.pytorch import HeteroGraphConv
+
+    return type(conv) is HeteroGraphConv
 
 
 # Per edge of a batch's typed subgraph: relation ids and end types (int64 each), the edge
@@ -226,18 +236,6 @@ class DictConvAdapter(_TypedAdapter):
     """Runs a :class:`DictConvLayer` on a batch: the conv on the batch's typed subgraph
     (its destinations, their sources and the in-edges between), destination rows kept."""
 
-    def __init__(self, conv: DictConvLayer) -> None:
-        super().__init__(conv)
-        self._typed_key: object = None
-        self._typed_edges = False  # every edge's ends are of its relation's types
-
-    def prepare(self, graph: Any) -> None:
-        super().prepare(graph)
-        key = (id(graph), getattr(graph, "version", None))
-        if key != self._typed_key and self.supports_global_src:
-            self._typed_edges = _edges_match_relations(graph, self.conv.layout)
-            self._typed_key = key
-
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
         gathered keys, queries, values and the messages, about five input-wide rows; DGL's
@@ -270,8 +268,10 @@ class DictConvAdapter(_TypedAdapter):
             return False
         from hopserve.worker.convs.dgl_conv import aggregates_raw_sources
 
-        return _order_free(layer.conv.agg_fn) and all(
-            aggregates_raw_sources(m) for m in mods.values()
+        return (
+            _is_dgl_hetero_graph_conv(layer.conv)
+            and _dgl_reducer(layer.conv.agg_fn) is not None
+            and all(aggregates_raw_sources(m) for m in mods.values())
         )
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
@@ -303,12 +303,11 @@ class DictConvAdapter(_TypedAdapter):
         layer: DictConvLayer = self.conv
         index, num_dst = layer.layout.index, batch.num_dst
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
-        # A typed store's relation edges join its relation's types (checked once per graph
-        # in prepare); the load-time probe graph's need not, and the forward leaves the
-        # others out, so there each edge's source type is compared too.
-        src_types = None
-        if not self._typed_edges:
-            src_types = layer.layout.types_of(batch.src_index, batch.num_edges, x.device)
+        # A typed store's relation edges join its relation's types; a store built from a
+        # bare edge list with types (the load-time probe graph) need not, and
+        # HeteroGraphConv's forward leaves the others out: each edge's source type is
+        # compared too (the destination's is the run's).
+        src_types = layer.layout.types_of(batch.src_index, batch.num_edges, x.device)
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
         relation_kwargs = layer.relation_kwargs()  # per-relation weights, if any
@@ -327,9 +326,7 @@ class DictConvAdapter(_TypedAdapter):
             x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
-                on = edge_type[e0:e1] == rel
-                if src_types is not None:
-                    on &= src_types[e0:e1] == index(key[0])
+                on = (edge_type[e0:e1] == rel) & (src_types[e0:e1] == index(key[0]))
                 on = on.nonzero().squeeze(1).add_(e0)
                 src = batch.src_index.index_select(0, on)
                 # Grouped by destination: the run's positions, non-decreasing.
@@ -382,36 +379,10 @@ def _aggregate(agg_fn: Any, outs: list[Tensor], dsttype: str) -> Tensor:
     """``HeteroGraphConv``'s ``agg_fn(outs, dsttype)``; DGL's sum and mean (``torch.stack``,
     then the reduction over the stack) accumulate into the first output instead: the same
     values, without the ``[R, n, d]`` stack."""
-    name = getattr(getattr(agg_fn, "keywords", {}).get("fn"), "__name__", "")
-    if name not in ("_sum_reduce_func", "_mean_reduce_func") or len(outs) < 2:
+    reducer = _dgl_reducer(agg_fn)
+    if reducer not in ("sum", "mean") or len(outs) < 2:
         return agg_fn(outs, dsttype)
     y = outs[0].clone()  # a relation conv's output may be a view of its input
     for other in outs[1:]:
         y.add_(other)
-    return y.div_(len(outs)) if name == "_mean_reduce_func" else y
-
-
-def _edges_match_relations(graph: Any, layout: Any, chunk: int = 1 << 20) -> bool:
-    """Whether every edge of ``graph`` starts at its relation's source type and ends at
-    its destination type (a typed store's edges do; a probe graph's random ones need
-    not), read a chunk of CSC positions at a time."""
-    edge_type = getattr(graph, "edge_type", None)
-    indptr, indices = getattr(graph, "indptr", None), getattr(graph, "indices", None)
-    if edge_type is None or indptr is None or indices is None:
-        return False
-    indptr = torch.as_tensor(indptr)
-    rel_src = torch.tensor([layout.index(k[0]) for k in layout.relations], dtype=torch.long)
-    rel_dst = torch.tensor([layout.index(k[2]) for k in layout.relations], dtype=torch.long)
-    num_edges = int(indptr[-1])
-    for a in range(0, num_edges, chunk):
-        b = min(a + chunk, num_edges)
-        rel = torch.as_tensor(edge_type[a:b]).long()
-        if rel.numel() and (int(rel.min()) < 0 or int(rel.max()) >= len(layout.relations)):
-            return False
-        src = torch.as_tensor(indices[a:b]).long()
-        dst = torch.searchsorted(indptr, torch.arange(a, b), right=True) - 1
-        src_t = layout.types_of(src, src.numel(), src.device)
-        dst_t = layout.types_of(dst, dst.numel(), dst.device)
-        if not bool(((rel_src[rel] == src_t) & (rel_dst[rel] == dst_t)).all()):
-            return False
-    return True
+    return y.div_(len(outs)) if reducer == "mean" else y

@@ -186,7 +186,8 @@ class _DictTracer(fx.Tracer):
         memo = {} if memo is None else memo
         if node in memo:
             return memo[node]
-        if node.op not in ("get_attr", "call_function", "call_method", "call_module"):
+        # Not call_module: fx's patched Module.__call__ would record into the traced graph.
+        if node.op not in ("get_attr", "call_function", "call_method"):
             return None
         inputs = {}
         for n in node.all_input_nodes:
@@ -201,10 +202,8 @@ class _DictTracer(fx.Tracer):
                 value = _fetch_attr(self.root, str(node.target))
             elif node.op == "call_function":
                 value = node.target(*args, **kwargs)
-            elif node.op == "call_method":
-                value = getattr(args[0], node.target)(*args[1:], **kwargs)
             else:
-                value = self.root.get_submodule(str(node.target))(*args, **kwargs)
+                value = getattr(args[0], node.target)(*args[1:], **kwargs)
         memo[node] = value
         return value
 
@@ -857,8 +856,11 @@ class _Builder:
             data = []
             for param, value in kw.items():
                 if isinstance(value, fx.Node) and parameter_only(value):
-                    params.append((etype, param, value))
-                    continue
+                    from hopserve.worker.trace.tracer import edge_column
+
+                    if edge_column(param) is None:  # a weight, not per-edge data
+                        params.append((etype, param, value))
+                        continue
                 v = self.values.get(value) if isinstance(value, fx.Node) else None
                 if v is None or v.kind != "edge_data" or v.payload[1] != names[etype]:
                     raise _error(
