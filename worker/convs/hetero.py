@@ -303,11 +303,6 @@ class DictConvAdapter(_TypedAdapter):
         layer: DictConvLayer = self.conv
         index, num_dst = layer.layout.index, batch.num_dst
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
-        # A typed store's relation edges join its relation's types; a store built from a
-        # bare edge list with types (the load-time probe graph) need not, and
-        # HeteroGraphConv's forward leaves the others out: each edge's source type is
-        # compared too (the destination's is the run's).
-        src_types = layer.layout.types_of(batch.src_index, batch.num_edges, x.device)
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
         relation_kwargs = layer.relation_kwargs()  # per-relation weights, if any
@@ -326,9 +321,15 @@ class DictConvAdapter(_TypedAdapter):
             x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
-                on = (edge_type[e0:e1] == rel) & (src_types[e0:e1] == index(key[0]))
-                on = on.nonzero().squeeze(1).add_(e0)
+                on = (edge_type[e0:e1] == rel).nonzero().squeeze(1).add_(e0)
                 src = batch.src_index.index_select(0, on)
+                # A typed store's relation edges start at its source type; a store built
+                # from a bare edge list with types (the load-time probe graph) need not, and
+                # HeteroGraphConv's forward leaves the others out (the destination's type
+                # is the run's).
+                of_type = layer.layout.is_type(src, index(key[0]))
+                if not bool(of_type.all()):
+                    on, src = on[of_type], src[of_type]
                 # Grouped by destination: the run's positions, non-decreasing.
                 dst = batch.dst_index.index_select(0, on).sub_(a)
                 outs.append(self._relation_in_place(x, x_dst, src, dst, key, relation_kwargs))
