@@ -557,7 +557,9 @@ def parse_args() -> argparse.Namespace:
     harness.add_engine_args(p)
     p.set_defaults(budget_mb=32)  # bench/dgl_compare.py's: a batch's workspace within the goal
     harness.add_allocator_arg(p)
-    p.add_argument("--batch-grid", default="4096,16384,65536", help="DGL-manual batch sizes")
+    p.add_argument(
+        "--batch-grid", default="16384,65536,262144", help="DGL-manual batch sizes (best kept)"
+    )
     p.add_argument("--nodewise-batch", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="50K nodes, 2 layers")
