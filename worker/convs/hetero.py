@@ -66,6 +66,10 @@ def _is_dgl_hetero_graph_conv(conv: Any) -> bool:
 # Per edge of a batch's typed subgraph: relation ids and end types (int64 each), the edge
 # masks and positions, the per-relation edge lists and DGL's formats of them.
 _SUBGRAPH_EDGE_BYTES = 96
+# Per edge of a batch read in place (one relation at a time): its relation id, the run's
+# relation mask and source-type test, and the relation's edge positions, sources and
+# destinations.
+_IN_PLACE_EDGE_BYTES = 40
 
 
 class _TypedAdapter(ConvAdapter):
@@ -237,10 +241,11 @@ class DictConvAdapter(_TypedAdapter):
     (its destinations, their sources and the in-edges between), destination rows kept."""
 
     def edge_bytes(self, src_row_bytes: int) -> int:
-        """Per in-edge: the typed subgraph's edge lists and the conv's per-edge rows (HGT:
-        gathered keys, queries, values and the messages, about five input-wide rows; DGL's
-        ``HeteroGraphConv``: what its relation convs keep per edge, by their own adapters),
-        plus the relations' copies of the edge features their convs read."""
+        """Per in-edge: the typed subgraph's edge lists, or the in-place path's relation
+        selections, and the conv's per-edge rows (HGT: gathered keys, queries, values and
+        the messages, about five input-wide rows; DGL's ``HeteroGraphConv``: what its
+        relation convs keep per edge, by their own adapters), plus the relations' copies of
+        the edge features their convs read."""
         layer: DictConvLayer = self.conv
         edge_data = 8 * (self.edge_feature_dim or 0)
         if layer.style == "dgl" and hasattr(layer.conv, "mods"):
@@ -250,7 +255,8 @@ class DictConvAdapter(_TypedAdapter):
                 (adapter_for(m, "").edge_bytes(src_row_bytes) for m in layer.conv.mods.values()),
                 default=0,
             )
-            return _SUBGRAPH_EDGE_BYTES + per_edge + edge_data
+            base = _IN_PLACE_EDGE_BYTES if self.supports_global_src else _SUBGRAPH_EDGE_BYTES
+            return base + per_edge + edge_data
         return 6 * src_row_bytes + edge_data
 
     @property
