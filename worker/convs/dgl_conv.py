@@ -94,21 +94,11 @@ def dgl_block(batch: LayerBatch):
     """The DGL block of ``batch`` (cached on it, so convs of one layer share it)."""
     cached = batch._cache.get("dgl_block")
     if cached is None:
-        import dgl
-
         # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
         eids = batch._cache.get("local_edge_ids")
         if eids is None:
             eids = local_edge_ids(batch.num_edges, batch.indptr.device)
-        if batch.indptr.device.type == "cpu":
-            cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
-        else:
-            cached = dgl.create_block(
-                ("csc", (batch.indptr, batch.src_index, eids)),
-                num_src_nodes=batch.num_src,
-                num_dst_nodes=batch.num_dst,
-                device=batch.indptr.device,
-            )
+        cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
         cached.__class__ = _spmm_block_class()
         cached._hopserve_csc = (batch.indptr, batch.src_index)
         batch._cache["dgl_block"] = cached
@@ -120,7 +110,17 @@ def csc_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_d
     built as ``create_block`` builds it (one relation ``_N → _N`` of a two-type metagraph)
     without its scan of every index for the largest node ID: a batch's source positions
     are below ``num_src`` by construction, and the scan costs as much as a small layer's
-    aggregation (``tests/with_dgl/test_dgl_blocks.py`` checks both give the same block)."""
+    aggregation (``tests/with_dgl/test_dgl_blocks.py`` checks both give the same block).
+    On an accelerator: ``dgl.create_block`` itself."""
+    if indptr.device.type != "cpu":
+        import dgl
+
+        return dgl.create_block(
+            ("csc", (indptr, indices, eids)),
+            num_src_nodes=num_src,
+            num_dst_nodes=num_dst,
+            device=indptr.device,
+        )
     from dgl import graph_index, heterograph_index, utils
     from dgl.heterograph import DGLBlock
 

@@ -26,6 +26,7 @@ from hopserve.worker.convs.message_passing import (
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
+    csc_indptr,
     edge_columns,
     group_relations,
     relation_edge_data,
@@ -165,8 +166,7 @@ class HeteroLayerAdapter(_TypedAdapter):
             uniq, local = _compact(src, x.shape[0])
             return conv((x.index_select(0, uniq)[:, :width], x_dst), torch.stack([local, dst]))
         if fuses_sparse_aggregation(conv):
-            crow = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
-            torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=crow[1:])
+            crow = csc_indptr(dst, num_t)
             ones = torch.ones(src.numel(), dtype=x.dtype, device=x.device)
             adj = torch.sparse_csr_tensor(
                 crow, src, ones, size=(num_t, x.shape[0]), check_invariants=False
@@ -363,20 +363,8 @@ class DictConvAdapter(_TypedAdapter):
         if width != x.shape[1]:  # a narrower type: a table of its rows
             uniq, src = _compact(src, x.shape[0])
             x_src = x.index_select(0, uniq)[:, :width]
-        indptr = torch.zeros(num_t + 1, dtype=torch.long, device=x.device)
-        torch.cumsum(torch.bincount(dst, minlength=num_t), 0, out=indptr[1:])
         eids = local_edge_ids(src.numel(), x.device)
-        if x.device.type == "cpu":
-            block = csc_block(indptr, src, eids, x_src.shape[0], num_t)
-        else:
-            import dgl
-
-            block = dgl.create_block(
-                ("csc", (indptr, src, eids)),
-                num_src_nodes=x_src.shape[0],
-                num_dst_nodes=num_t,
-                device=x.device,
-            )
+        block = csc_block(csc_indptr(dst, num_t), src, eids, x_src.shape[0], num_t)
         mod = layer.conv._get_module(key)
         with zero_in_degree_allowed(mod):
             return aggregate_first(mod)(block, (x_src, x_dst), **relation_kwargs.get(key[1], {}))

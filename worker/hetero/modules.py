@@ -36,6 +36,7 @@ __all__ = [
     "RelationCall",
     "TypedMerge",
     "TypedRows",
+    "csc_indptr",
     "edge_columns",
     "group_relations",
     "relation_edge_data",
@@ -225,13 +226,20 @@ class TypedMerge(nn.Module):
         return f"types={[self.layout.names[t] for t in self.types]}"
 
 
+def csc_indptr(dst: Tensor, num_dst: int) -> Tensor:
+    """The CSC ``indptr`` (``[num_dst + 1]``, int64) of edges grouped by destination
+    (``dst`` non-decreasing, below ``num_dst``)."""
+    indptr = torch.zeros(num_dst + 1, dtype=torch.long, device=dst.device)
+    torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=indptr[1:])
+    return indptr
+
+
 def _csc(edge_index: Tensor, num_dst: int) -> tuple[str, tuple[Tensor, Tensor, Tensor]]:
     """A relation's edges of a batch (grouped by destination, ascending: the batch's CSC
     order) as DGL's ``("csc", (indptr, indices, edge ids))``: the format its in-edge
     kernels read, made without the sort a COO graph costs on first use."""
-    src, dst = edge_index[0], edge_index[1]
-    indptr = torch.zeros(num_dst + 1, dtype=torch.long, device=src.device)
-    torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=indptr[1:])
+    src = edge_index[0]
+    indptr = csc_indptr(edge_index[1], num_dst)
     return "csc", (indptr, src, torch.arange(src.numel(), device=src.device))
 
 
@@ -373,7 +381,6 @@ class DictConvLayer(nn.Module):
 
             names = self.layout.names
             counts = {names[t]: int(r.numel()) for t, r in rows.items()}
-            edges = {k: (e[0], e[1]) for k, e in edge_index_dict.items()}
             if block:  # destinations: each type's first rows, those below num_dst
                 firsts = {t: int(torch.searchsorted(r, num_dst)) for t, r in rows.items()}
                 rows = {t: r[: firsts[t]] for t, r in rows.items()}
@@ -384,6 +391,7 @@ class DictConvLayer(nn.Module):
                     device=x.device,
                 )
             else:
+                edges = {k: (e[0], e[1]) for k, e in edge_index_dict.items()}
                 graph = dgl.heterograph(edges, num_nodes_dict=counts, device=x.device)
             with zero_in_degree_allowed(self.conv):
                 result = self.conv(graph, x_dict, mod_kwargs=mod_kwargs or None)

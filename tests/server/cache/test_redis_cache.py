@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis.asyncio.client
+from support.redis_pipelines import count_pipeline_executions
 
 from hopserve.server.cache import CacheNamespace, RedisEmbeddingCache
 from hopserve.server.cache.codec import make_keys
@@ -119,18 +120,6 @@ def test_ttl_is_set(redis_server: str) -> None:
         assert client.ttl(make_keys("forever", NS, np.array([1]))[0]) == -1  # no expiry
 
     run(scenario)
-
-
-def count_pipeline_executions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    original = redis.asyncio.client.Pipeline.execute
-
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(self.command_stack))
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", execute)
-    return calls
 
 
 def test_one_round_trip_per_call_with_chunked_mget(

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio.client
+from support.redis_pipelines import count_pipeline_executions
 
 from hopserve.server.cache import CacheNamespace, RedisEmbeddingCache
 
@@ -21,19 +22,6 @@ NARROW = CacheNamespace("arxiv", "3", "g7", dim=4)
 def rows_of(ids: np.ndarray, dim: int) -> np.ndarray:
     """A row per id that names it: ``id + k / 10`` in column ``k``."""
     return ids[:, None].astype(np.float32) + np.arange(dim, dtype=np.float32) / 10
-
-
-def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Commands in each pipeline redis-py sends, in order."""
-    sent: list[int] = []
-    original = redis.asyncio.client.Pipeline.execute
-
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(len(self.command_stack))
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", execute)
-    return sent
 
 
 def check(result: tuple[np.ndarray, np.ndarray], ids: np.ndarray, stored: int, dim: int) -> None:
@@ -66,7 +54,7 @@ def test_concurrent_lookups_share_one_round_trip_and_each_gets_its_rows(
     async def scenario() -> None:
         async with RedisEmbeddingCache(redis_server) as cache:
             await fill(cache)
-            sent = pipelines(monkeypatch)
+            sent = count_pipeline_executions(monkeypatch)
             wanted = lookups(30)
             results = await asyncio.gather(*(cache.get_many(ns, ids) for ns, ids in wanted))
             for (ns, ids), result in zip(wanted, results, strict=True):
@@ -86,7 +74,7 @@ def test_lookups_made_during_a_round_go_together_in_the_next(
     async def scenario() -> None:
         async with RedisEmbeddingCache(redis_server) as cache:
             await fill(cache)
-            sent = pipelines(monkeypatch)
+            sent = count_pipeline_executions(monkeypatch)
             first = asyncio.ensure_future(cache.get_many(WIDE, np.arange(5)))
             while not sent:  # the first round is on the wire
                 await asyncio.sleep(0)
@@ -106,7 +94,7 @@ def test_a_round_holds_at_most_four_mget_chunks_of_keys_and_large_lookups_go_alo
     async def scenario() -> None:
         async with RedisEmbeddingCache(redis_server, chunk_keys=10) as cache:
             await fill(cache)
-            sent = pipelines(monkeypatch)
+            sent = count_pipeline_executions(monkeypatch)
             wanted = [np.arange(9 * i, 9 * i + 9) for i in range(5)] + [np.arange(50, 140)]
             results = await asyncio.gather(*(cache.get_many(WIDE, ids) for ids in wanted))
             for ids, result in zip(wanted, results, strict=True):
@@ -170,7 +158,7 @@ def test_the_breaker_opening_while_a_call_waits_for_its_turn_skips_the_call(
     async def scenario() -> None:
         async with RedisEmbeddingCache(redis_server, max_connections=1, timeout_s=5.0) as cache:
             await fill(cache)
-            sent = pipelines(monkeypatch)
+            sent = count_pipeline_executions(monkeypatch)
             await cache._turns.acquire()  # the only connection is busy
             waiting = asyncio.ensure_future(cache.get_many(WIDE, np.arange(3)))
             for _ in range(5):
@@ -208,7 +196,7 @@ def test_after_close_lookups_and_stores_do_nothing(
         cache = RedisEmbeddingCache(redis_server)
         await fill(cache)
         await cache.close()
-        sent = pipelines(monkeypatch)
+        sent = count_pipeline_executions(monkeypatch)
         mask, _ = await cache.get_many(WIDE, np.arange(3))
         await cache.put_many(WIDE, np.arange(3), rows_of(np.arange(3), WIDE.dim))
         assert not mask.any() and sent == [] and cache._reader is None
