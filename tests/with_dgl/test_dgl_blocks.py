@@ -7,7 +7,7 @@ import torch
 
 dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
 
-from hopserve.worker.convs.dgl_conv import csc_block  # noqa: E402
+from hopserve.worker.convs.dgl_conv import _spmm_block_class, csc_block  # noqa: E402
 
 pytestmark = pytest.mark.dgl
 
@@ -41,3 +41,28 @@ def test_csc_block_equals_create_block(num_src, num_dst, num_edges):
         assert torch.equal(op(got, x), op(want, x)), op.__name__
     assert torch.equal(dgl.ops.u_mul_e_sum(got, x, w), dgl.ops.u_mul_e_sum(want, x, w))
     assert torch.equal(got.in_degrees(), want.in_degrees())
+
+
+@pytest.mark.parametrize(("num_src", "num_dst", "num_edges"), [(50, 20, 300), (9, 9, 0)])
+def test_batch_block_reads_in_degrees_from_its_csc(num_src, num_dst, num_edges):
+    """The batch block's own ``in_degrees()`` (its CSC indptr) equals DGL's, so a mean
+    reduce divides by the same degrees; other calls are DGL's."""
+    gen = torch.Generator().manual_seed(num_dst)
+    dst = torch.sort(torch.randint(num_dst, (num_edges,), generator=gen)).values
+    indices = torch.randint(num_src, (num_edges,), generator=gen)
+    indptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
+    eids = torch.arange(num_edges)
+    want = dgl.create_block(
+        ("csc", (indptr, indices, eids)), num_src_nodes=num_src, num_dst_nodes=num_dst
+    )
+    got = csc_block(indptr, indices, eids, num_src, num_dst)
+    got.__class__ = _spmm_block_class()
+    got._hopserve_csc = (indptr, indices)
+    degrees = got.in_degrees()
+    assert degrees.dtype == want.in_degrees().dtype and torch.equal(degrees, want.in_degrees())
+    assert torch.equal(degrees, torch.bincount(dst, minlength=num_dst))
+    some = torch.arange(num_dst)[::2]
+    assert torch.equal(got.in_degrees(some), want.in_degrees(some))
+    x = torch.randn(num_src, 3, generator=gen)
+    assert torch.equal(dgl.ops.copy_u_mean(got, x), dgl.ops.copy_u_mean(want, x))

@@ -121,17 +121,25 @@ def csc_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_d
             num_dst_nodes=num_dst,
             device=indptr.device,
         )
-    from dgl import graph_index, heterograph_index, utils
+    from dgl import heterograph_index, utils
     from dgl.heterograph import DGLBlock
 
     formats = ["coo", "csr", "csc"]
     rel = heterograph_index.create_unitgraph_from_csr(
         2, num_src, num_dst, indptr, indices, eids, formats, True
     )
-    meta = graph_index.from_coo(2, [0], [1], True)
     counts = utils.toindex([num_src, num_dst], "int64")
-    index = heterograph_index.create_heterograph_from_relations(meta, [rel], counts)
+    index = heterograph_index.create_heterograph_from_relations(_block_metagraph(), [rel], counts)
     return DGLBlock(index, (["_N"], ["_N"]), ["_E"])
+
+
+@functools.cache
+def _block_metagraph():
+    """The metagraph of every one-relation block (``_N → _N``): immutable, so made once
+    and shared, as DGL shares a graph's metagraph with the graphs derived from it."""
+    from dgl import graph_index
+
+    return graph_index.from_coo(2, [0], [1], True)
 
 
 @functools.cache
@@ -142,10 +150,21 @@ def _spmm_block_class() -> type:
     AGNN, edge weights) is several times slower than its ``copy_u`` kernel; a sparse CSR
     matrix per head whose values are the edge scalars computes the same sums. The conv's
     own code runs unchanged; only this kernel is swapped, and only on hopserve's batches.
+    ``in_degrees()`` of every destination reads the batch's CSC indptr.
     """
+    from dgl.base import ALL, is_all
     from dgl.heterograph import DGLBlock
 
     class HopserveBlock(DGLBlock):
+        def in_degrees(self, v=ALL, etype=None):
+            # Every destination's in-degree is the CSC's indptr difference: no arange of
+            # the destinations and no C call per batch (DGL's mean reduce asks each time).
+            csc = getattr(self, "_hopserve_csc", None)
+            if csc is not None and etype is None and is_all(v):
+                indptr = csc[0]
+                return indptr[1:] - indptr[:-1]
+            return super().in_degrees(v, etype)
+
         def update_all(self, message_func, reduce_func, apply_node_func=None, etype=None):
             out = None
             if apply_node_func is None and etype is None:

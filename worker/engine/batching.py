@@ -11,8 +11,9 @@ budget, or 80% of the CPU byte budget; :meth:`PeakMemory.target`).
 ``r`` is clamped to ``[1/4, 2]`` per step so one tiny batch cannot make the next one
 explode, and a batch cut short by the end of its layer (not by a threshold) may shrink
 the thresholds but never grow them: its peak says nothing about a batch at the
-thresholds, and the sizer carries them into the next run's first batch. An
-out-of-memory batch halves both thresholds and is redone.
+thresholds, and the sizer carries them into the next run's first batch. A device
+out-of-memory batch halves both thresholds and is redone; a CPU batch whose account
+exceeds the budget is redone at ``r = M / predicted`` (it knows by how much it is over).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ CPU_TARGET_FRACTION = 0.8
 
 
 class BatchOutOfMemory(RuntimeError):
-    """A batch exceeded the memory target (CPU budget) or raised a CUDA OOM."""
+    """A CPU batch whose account exceeded the budget (``predicted`` its bytes: the redo is
+    sized to fit, :meth:`BatchSizer.fit`), or a device out-of-memory error (halved)."""
+
+    def __init__(self, message: str, predicted: int | None = None) -> None:
+        super().__init__(message)
+        self.predicted = predicted
 
 
 def is_oom(err: BaseException) -> bool:
@@ -85,6 +91,18 @@ class BatchSizer:
         """After an OOM: halve both thresholds (the batch is then redone)."""
         self.max_nodes = max(1.0, self.max_nodes / 2)
         self.max_edges = max(1.0, self.max_edges / 2)
+
+    def fit(self, predicted_bytes: int) -> None:
+        """After a CPU batch predicted at ``predicted_bytes``, over its budget: scale both
+        thresholds by ``r = M / predicted`` (in ``[min_growth, 0.9]``), so the redo aims
+        at the target instead of at half the batch. A batch's account grows with its
+        edges and rows (its sources less than linearly), so the redo fits."""
+        if predicted_bytes <= 0:
+            self.halve()
+            return
+        r = max(self.min_growth, min(0.9, self.target_bytes / predicted_bytes))
+        self.max_nodes = max(1.0, self.max_nodes * r)
+        self.max_edges = max(1.0, self.max_edges * r)
 
 
 class PeakMemory:

@@ -5,7 +5,7 @@ Call order of :meth:`LayerwiseRun.execute` (DGI Algorithm 2 with §3.3's frontie
     for each ConvBlock (layer order):
         for each batch (consecutive rows of V^l, BatchSizer thresholds):
             prepare  [prefetch thread, one batch ahead]: block + inputs (→ device)
-            compute  block.module(block, *inputs); out-of-memory → halve, redo
+            compute  block.module(block, *inputs); out-of-memory → shrink, redo
             write    outputs → layer storage (device / pinned host / disk memmap)
         free the values no later block reads
 
@@ -366,15 +366,20 @@ class LayerwiseRun:
         def result(job: Future | functools.partial) -> PreparedBatch:
             return job.result() if isinstance(job, Future) else job()
 
-        def halve(rows: int, where: str) -> None:
-            """Out of memory (preparing or computing ``rows`` rows): halve, free, redo."""
+        def halve(rows: int, where: str, err: BaseException) -> None:
+            """Out of memory (preparing or computing ``rows`` rows): shrink, free, redo
+            (a CPU batch over its budget is resized to fit; a real OOM halves)."""
             lstats.oom_halvings += 1
             log.info(
-                "layer %d: batch of %d rows out of memory %s; halving", block.index, rows, where
+                "layer %d: batch of %d rows out of memory %s: %s", block.index, rows, where, err
             )
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
-            sizer.halve()
+            predicted = getattr(err, "predicted", None)
+            if predicted is not None:
+                sizer.fit(predicted)
+            else:
+                sizer.halve()
 
         start = 0
         out_row_bytes = sizer.out_row_bytes  # learned from a batch's outputs
@@ -387,7 +392,7 @@ class LayerwiseRun:
                 if not is_oom(err) or rows <= 1:
                     raise
                 del job
-                halve(rows, "while preparing")
+                halve(rows, "while preparing", err)
                 job, rows = submit(start)
                 continue
             stats.prepare_s += time.perf_counter() - t
@@ -405,7 +410,7 @@ class LayerwiseRun:
                     with contextlib.suppress(Exception):
                         nxt.result()
                 del nxt
-                halve(num_dst, "while computing")
+                halve(num_dst, "while computing", err)
                 t = time.perf_counter()
                 job, rows = submit(start)
                 continue
@@ -447,7 +452,8 @@ class LayerwiseRun:
         budget = self.peak.budget(ctx.memory_budget_bytes)
         if ctx.device.type != "cuda" and num_dst > 1 and predicted > budget:
             raise BatchOutOfMemory(
-                f"batch of {num_dst} rows needs ~{predicted} bytes > budget {budget}"
+                f"batch of {num_dst} rows needs ~{predicted} bytes > budget {budget}",
+                predicted=predicted,
             )
         t = time.perf_counter()
         self.peak.start()

@@ -43,6 +43,18 @@ def test_thresholds_follow_dgi_eq2():
     assert (sizer.max_nodes, sizer.max_edges) == (25, 250)
 
 
+def test_a_cpu_batch_over_its_budget_is_redone_at_the_target():
+    """A CPU batch knows its account before it runs: the redo is scaled by target over
+    predicted (not halved), at most 0.9 so it always shrinks, at least 1/4."""
+    sizer = BatchSizer(target_bytes=800, max_nodes=100, max_edges=1000)
+    sizer.fit(1000)  # r = 0.8
+    assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((80, 800))
+    sizer.fit(820)  # r = 800 / 820 > 0.9: capped
+    assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((72, 720))
+    sizer.fit(10**6)  # r = 1/4 at least
+    assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((18, 180))
+
+
 def test_a_batch_cut_short_by_its_layer_never_grows_the_thresholds():
     """The last batch of a layer is as small as the rows left: its low peak must not
     grow the thresholds the next run's first batch starts from (it may still shrink
@@ -71,7 +83,9 @@ def test_every_runs_batches_stay_within_the_cpu_budget(graph):
         peaks.append(max(layer.peak_bytes for layer in ev.last_stats.layers))
         halvings.append(ev.last_stats.oom_halvings)
     assert peaks[0] <= 2 * budget and max(peaks[1:]) <= budget, peaks
-    assert halvings[0] > 0 and halvings[1:] == [0, 0, 0], halvings  # no inflated thresholds
+    # No thresholds inflated by a short last batch: later runs redo a batch rarely, if ever
+    # (a redo is sized to fit, so it lands near the budget and a denser stretch can tip one).
+    assert halvings[0] > 0 and max(halvings[1:]) <= 1, halvings
     assert all(sizer.out_row_bytes > 0 for sizer in ev._sizers.values())
 
 
