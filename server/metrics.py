@@ -188,6 +188,12 @@ METRICS: tuple[MetricSpec, ...] = (
         _CACHE_OP_BUCKETS,
     ),
     MetricSpec(
+        "cache_far_skipped", "hopserve_cache_far_skipped_total", "counter", ("model", "backend"),
+        "Node ids the near tier missed that were not looked up in the shared backend, "
+        "because it had found fewer than cache.far_min_hit_rate of them lately (one lookup "
+        "in 16 still asks); they were computed and written to both tiers.",
+    ),
+    MetricSpec(
         "cache_up", "hopserve_cache_up", "gauge", ("backend",),
         "1 while the cache backend is reachable, 0 while it is skipped after a failure.",
     ),
@@ -286,6 +292,10 @@ class CacheMetrics:
     def cache_available(self, backend: str, up: bool) -> None:
         """Set ``hopserve_cache_up``."""
         self._m.cache_up.labels(backend).set(1 if up else 0)
+
+    def cache_far_skipped(self, backend: str, model: str, count: int) -> None:
+        """Count near misses not looked up in the shared tier."""
+        self._m.cache_far_skipped.labels(model, backend).inc(count)
 
 
 class Metrics:

@@ -347,9 +347,13 @@ def cache() -> Dashboard:
         (
             Panel("Hits and misses",
                   (Query(f"sum by (model) ({rate(f'{hits}{{{M}}}')})", "{{model}} hits"),
-                   Query(f"sum by (model) ({rate(f'{misses}{{{M}}}')})", "{{model}} misses")),
+                   Query(f"sum by (model) ({rate(f'{misses}{{{M}}}')})", "{{model}} misses"),
+                   Query(or_zero(f"hopserve_cache_far_skipped_total{{{M}}}", f"{misses}{{{M}}}",
+                                 "model"), "{{model}} near misses not asked of Redis")),
                   "Node ids per second (misses include lookups skipped while the backend "
-                  "is down).", width=12),
+                  "is down). Near misses not asked of Redis: it found under "
+                  "cache.far_min_hit_rate of them lately (1 lookup in 16 still asks).",
+                  width=12),
             Panel("Hit ratio by model", (Query(hit_ratio("model"), "{{model}}"),),
                   "Falls after a model version or graph bump (new keys), then recovers.",
                   unit="percentunit", width=12, max=1),

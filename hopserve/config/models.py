@@ -268,6 +268,12 @@ class CacheConfig(_Section):
     Redis, so hot rows are answered without a round trip (same freshness rule as Redis:
     rows carry their graph sequence). 0: off."""
 
+    far_min_hit_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    """With a near tier: when Redis has found fewer than this share of a model's near-tier
+    misses (over the last 1024 it was asked for), only one lookup in 16 asks it until the
+    share recovers; the others are misses, computed and written to both tiers (exact as
+    ever). Saves the round trip where no other front-end writes the rows. 0: always ask."""
+
     key_prefix: Identifier = "hopserve"
     """First component of every Redis key, to share one Redis between deployments."""
 

@@ -104,6 +104,10 @@ class CacheObserver(Protocol):
     def cache_available(self, backend: str, up: bool) -> None:
         """The backend became reachable (``up``) or unreachable."""
 
+    def cache_far_skipped(self, backend: str, model: str, count: int) -> None:
+        """``count`` near-tier misses of ``model`` were not looked up in the shared
+        ``backend`` (its recent hit rate was below ``cache.far_min_hit_rate``)."""
+
 
 class EmbeddingCache(abc.ABC):
     """An asyncio cache of embedding rows keyed by (:class:`CacheNamespace`, node id).

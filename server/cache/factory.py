@@ -102,7 +102,7 @@ def _with_near_tier(
     logger.info("embedding cache: near tier of %d rows in this process", config.near_entries)
     ttl = config.ttl_s or None
     near = MemoryEmbeddingCache(config.near_entries, ttl_s=ttl, observer=observer)
-    return TieredCache(near, cache)
+    return TieredCache(near, cache, far_min_hit_rate=config.far_min_hit_rate, observer=observer)
 
 
 def _memory(config: CacheConfig, observer: CacheObserver | None, why: str) -> MemoryEmbeddingCache:

@@ -9,6 +9,10 @@
                Redis (one MGET) ──(hits)──▶ answer, and copied into the near tier
     put_many:  near tier, then Redis
 
+When Redis finds almost none of the near tier's misses (one front-end, say), only a
+sample of them is looked up there until it does again (:class:`~.far_gate.FarTierGate`,
+``cache.far_min_hit_rate``); the rest are misses, computed and written to both tiers.
+
 Both tiers keep the graph sequence each row was computed at, and the same rule decides a
 hit in both (a row older than its node's last possible change, or claiming a later
 sequence, is a miss; :meth:`~.base.EmbeddingCache.get_many`), so the near tier is exactly
@@ -18,13 +22,18 @@ Lookups and hits are counted per tier (``backend="memory"`` and ``"redis"``).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from hopserve.server.cache.base import CacheNamespace, CacheStats, EmbeddingCache
+from hopserve.server.cache.base import CacheNamespace, CacheObserver, CacheStats, EmbeddingCache
 from hopserve.server.cache.codec import as_node_ids
+from hopserve.server.cache.far_gate import FarTierGate
 from hopserve.server.cache.memory import MemoryEmbeddingCache
 
 __all__ = ["TieredCache"]
+
+logger = logging.getLogger(__name__)
 
 
 class _TieredStats(CacheStats):
@@ -47,13 +56,39 @@ class _TieredStats(CacheStats):
 
 
 class TieredCache(EmbeddingCache):
-    """``near`` (this process) in front of ``far`` (shared); see the module docstring."""
+    """``near`` (this process) in front of ``far`` (shared); see the module docstring.
 
-    def __init__(self, near: MemoryEmbeddingCache, far: EmbeddingCache) -> None:
-        super().__init__()
+    ``far_min_hit_rate``, ``far_window``, ``far_probe_every``: each model's
+    :class:`~.far_gate.FarTierGate` (0: every near miss is looked up in ``far``).
+    ``observer`` counts the misses not looked up (``cache_far_skipped``); each tier
+    reports its own lookups.
+    """
+
+    def __init__(
+        self,
+        near: MemoryEmbeddingCache,
+        far: EmbeddingCache,
+        *,
+        far_min_hit_rate: float = 0.01,
+        far_window: int = 1024,
+        far_probe_every: int = 16,
+        observer: CacheObserver | None = None,
+    ) -> None:
+        super().__init__(observer=observer)
         self.near, self.far = near, far
         self.stats = _TieredStats(near)
         self.name = far.name  # the shared backend names the cache in logs and labels
+        self._gate_args = (far_min_hit_rate, far_window, far_probe_every)
+        self._gates: dict[str, FarTierGate] = {}
+        self.far_skipped = 0  # near misses not looked up in ``far`` (gate closed)
+
+    def gate(self, model: str) -> FarTierGate:
+        """The far-tier gate of ``model``'s lookups."""
+        gate = self._gates.get(model)
+        if gate is None:
+            rate, window, probe = self._gate_args
+            gate = self._gates[model] = FarTierGate(rate, window, probe)
+        return gate
 
     def __repr__(self) -> str:
         return f"TieredCache(near={self.near!r}, far={self.far!r})"
@@ -74,10 +109,34 @@ class TieredCache(EmbeddingCache):
         mask, rows = await self.near.get_many(namespace, ids, min_seq, max_seq)
         rest = ~mask
         if rest.any():
+            gate = self.gate(namespace.model)
+            if not gate.ask():
+                skipped = int(rest.sum())
+                self.far_skipped += skipped
+                if self._observer is not None:
+                    self._observer.cache_far_skipped(self.name, namespace.model, skipped)
+                return mask, rows
             low = None if min_seq is None else np.asarray(min_seq, dtype=np.int64)[rest]
             far_ids = ids[rest]
             far_mask, far_rows, far_seqs = await self.far.lookup(namespace, far_ids, low, max_seq)
             mask[rest], rows[rest] = far_mask, far_rows
+            changed = gate.record(far_ids.size, int(far_mask.sum()))
+            if changed is not None:
+                if changed:
+                    logger.info(
+                        "cache: %s finds %r's near-tier misses again; looking each one up",
+                        self.name,
+                        namespace.model,
+                    )
+                else:
+                    logger.info(
+                        "cache: %s found under %.1f%% of %r's near-tier misses; asking it "
+                        "on 1 lookup in %d until it finds more",
+                        self.name,
+                        100 * gate.min_hit_rate,
+                        namespace.model,
+                        gate.probe_every,
+                    )
             if far_mask.any():  # promote: the next lookup of these stays in-process
                 for seq in np.unique(far_seqs[far_mask]).tolist():
                     take = far_mask & (far_seqs == seq)

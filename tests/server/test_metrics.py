@@ -81,6 +81,7 @@ def touch_all(metrics: Metrics) -> None:
 def test_spec_table_matches_contract() -> None:
     added = {  # beyond the brief, additive
         "hopserve_cache_up": ("gauge", ("backend",)),
+        "hopserve_cache_far_skipped_total": ("counter", ("model", "backend")),
         "hopserve_cache_writeback_dropped_rows_total": ("counter", ("model",)),
         "hopserve_requested_rows_total": ("counter", ("model", "node_type")),
     }

@@ -72,3 +72,52 @@ def test_the_factory_builds_it_only_when_asked(redis_server: str) -> None:
             await tiered.close()
 
     asyncio.run(scenario())
+
+
+def test_lookups_redis_never_answers_are_mostly_skipped_and_resume_when_it_does(
+    redis_server: str,
+) -> None:
+    """One front-end: Redis finds none of the near tier's misses, so after a window only
+    1 lookup in ``probe_every`` asks it; the skipped rows are misses (computed by the
+    caller) and are still written to Redis. When another front-end writes the rows, the
+    probes find them and every lookup asks again."""
+
+    async def scenario() -> None:
+        near, far = MemoryEmbeddingCache(1000), RedisEmbeddingCache(redis_server)
+        tiered = TieredCache(near, far, far_min_hit_rate=0.5, far_window=8, far_probe_every=4)
+        async with tiered as cache:
+            for i in range(4):  # 4 lookups of 2 new ids: 8 keys asked, none found
+                mask, _ = await cache.get_many(NS, np.array([2 * i, 2 * i + 1]))
+                assert not mask.any()
+            assert far.misses == 8 and not cache.gate("cora").open
+            for i in range(4, 12):  # closed: lookups 4 and 8 of these ask Redis
+                mask, _ = await cache.get_many(NS, np.array([2 * i, 2 * i + 1]))
+                assert not mask.any()
+            assert far.misses == 8 + 2 * 2 and cache.far_skipped == 6 * 2
+            await cache.put_many(NS, np.array([100]), rows(1), seq=1)  # still written
+            assert (await far.get_many(NS, np.array([100])))[0].all()
+            # Another front-end writes rows: the next probes find them, the gate opens.
+            other = np.arange(200, 216)
+            await far.put_many(NS, other, rows(16), seq=1)
+            found = 0
+            for i in range(0, 16, 2):
+                mask, got = await cache.get_many(NS, other[i : i + 2])
+                found += int(mask.sum())
+                if mask.any():
+                    assert got[mask].tobytes() == rows(16)[i : i + 2][mask].tobytes()
+            assert cache.gate("cora").open and found > 0
+            mask, _ = await cache.get_many(NS, np.array([214, 215]))
+            assert mask.all()  # asked (or promoted): open lookups see every shared row
+
+    asyncio.run(scenario())
+
+
+def test_a_rate_of_zero_asks_redis_for_every_miss(redis_server: str) -> None:
+    async def scenario() -> None:
+        near, far = MemoryEmbeddingCache(1000), RedisEmbeddingCache(redis_server)
+        async with TieredCache(near, far, far_min_hit_rate=0.0, far_window=2) as cache:
+            for i in range(10):
+                await cache.get_many(NS, np.array([i]))
+            assert far.misses == 10 and cache.far_skipped == 0
+
+    asyncio.run(scenario())
