@@ -50,6 +50,13 @@ def worker_configs(counts: str) -> list[tuple[str, bool, bool, bool, int]]:
     return [(f"{n} worker process{'es' * (n > 1)}", True, False, False, n) for n in _ints(counts)]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -84,7 +91,7 @@ def parse_args() -> argparse.Namespace:
         help="engine.layer_cache_rows of the layer-cache configurations",
     )  # fmt: skip
     p.add_argument(
-        "--rounds", type=int, default=3,
+        "--rounds", type=_positive, default=3,
         help="runs of every configuration, interleaved; the median-QPS run is reported",
     )  # fmt: skip
     p.add_argument(
@@ -141,8 +148,9 @@ def run_config(
     if cache:  # a cold cache for every configuration
         with redis.client() as client:
             client.flushall()
+    slug = re.sub(r"[^a-z0-9]+", "-", tag.lower()).strip("-")
     config = harness.write_config(
-        tmp / "config.yaml",
+        tmp / f"{slug}.yaml",
         [harness.model_entry(MODEL, data)],
         server=server_config(batching, port, metrics_port, workers),
         cache=(
@@ -157,7 +165,7 @@ def run_config(
         ),
         engine={"layer_cache_rows": args.layer_cache_rows if layer_cache else 0},
     )
-    server = harness.start_frontend(config, port, tmp / "frontend.log", model=MODEL)
+    server = harness.start_frontend(config, port, tmp / f"{slug}.log", model=MODEL)
     try:
         harness.log(f"load: {tag} …")
         report = asyncio.run(run_load(f"127.0.0.1:{port}", spec)).to_dict()
@@ -340,7 +348,7 @@ def _hit_rate(r: dict[str, Any]) -> str:
     near_misses = (tiers.get("memory") or {}).get("misses", 0)
     skipped = (tiers.get("redis") or {}).get("skipped", 0)
     if near_misses and skipped:
-        parts[-1] += f" ({skipped / near_misses:.0%} of near misses not asked)"
+        parts.append(f"redis not asked for {skipped / near_misses:.0%} of near misses")
     return " / ".join(parts) or "-"
 
 

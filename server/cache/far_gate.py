@@ -11,7 +11,8 @@ window of ``window`` keys). At ``min_hit_rate`` or more every near miss is looke
 there (*open*). Below it, only every ``probe_every``-th lookup with misses asks (*closed*),
 and those probes' hit rate reopens it: a replica that starts writing shared rows is
 noticed within a window of probes. A skipped lookup is a miss: its rows are computed,
-exact as always, and written to both tiers. ``min_hit_rate`` 0: always open.
+exact as always, and written to both tiers. ``min_hit_rate`` 0: always open (no rate is
+below it). A lookup that failed (Redis down: every key a miss) is not counted.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class FarTierGate:
 
     def ask(self) -> bool:
         """Whether this lookup's near misses go to the far tier."""
-        if self.open or self.min_hit_rate <= 0:
+        if self.open:
             return True
         self._closed_calls += 1
         return self._closed_calls % self.probe_every == 0

@@ -118,9 +118,11 @@ class TieredCache(EmbeddingCache):
                 return mask, rows
             low = None if min_seq is None else np.asarray(min_seq, dtype=np.int64)[rest]
             far_ids = ids[rest]
+            errors = self.far.errors
             far_mask, far_rows, far_seqs = await self.far.lookup(namespace, far_ids, low, max_seq)
             mask[rest], rows[rest] = far_mask, far_rows
-            changed = gate.record(far_ids.size, int(far_mask.sum()))
+            failed = self.far.errors != errors or not getattr(self.far, "available", True)
+            changed = None if failed else gate.record(far_ids.size, int(far_mask.sum()))
             if changed is not None:
                 if changed:
                     logger.info(

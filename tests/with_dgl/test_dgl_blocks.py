@@ -7,7 +7,8 @@ import torch
 
 dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
 
-from hopserve.worker.convs.dgl_conv import _spmm_block_class, csc_block  # noqa: E402
+from hopserve.worker.convs.base import LayerBatch  # noqa: E402
+from hopserve.worker.convs.dgl_conv import _spmm_block_class, csc_block, dgl_block  # noqa: E402
 
 pytestmark = pytest.mark.dgl
 
@@ -56,9 +57,9 @@ def test_batch_block_reads_in_degrees_from_its_csc(num_src, num_dst, num_edges):
     want = dgl.create_block(
         ("csc", (indptr, indices, eids)), num_src_nodes=num_src, num_dst_nodes=num_dst
     )
-    got = csc_block(indptr, indices, eids, num_src, num_dst)
-    got.__class__ = _spmm_block_class()
-    got._hopserve_csc = (indptr, indices)
+    batch = LayerBatch(torch.arange(num_src), num_dst, indptr, indices, eids, layer=1)
+    got = dgl_block(batch)
+    assert isinstance(got, _spmm_block_class())
     degrees = got.in_degrees()
     assert degrees.dtype == want.in_degrees().dtype and torch.equal(degrees, want.in_degrees())
     assert torch.equal(degrees, torch.bincount(dst, minlength=num_dst))
@@ -66,3 +67,7 @@ def test_batch_block_reads_in_degrees_from_its_csc(num_src, num_dst, num_edges):
     assert torch.equal(got.in_degrees(some), want.in_degrees(some))
     x = torch.randn(num_src, 3, generator=gen)
     assert torch.equal(dgl.ops.copy_u_mean(got, x), dgl.ops.copy_u_mean(want, x))
+    # A copy DGL makes with another index (int32 ids) answers with DGL's own degrees.
+    narrow = got.int()
+    assert narrow.in_degrees().dtype == torch.int32
+    assert torch.equal(narrow.in_degrees().long(), want.in_degrees())

@@ -100,7 +100,7 @@ def dgl_block(batch: LayerBatch):
             eids = local_edge_ids(batch.num_edges, batch.indptr.device)
         cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
         cached.__class__ = _spmm_block_class()
-        cached._hopserve_csc = (batch.indptr, batch.src_index)
+        cached._hopserve_csc = (batch.indptr, batch.src_index, cached._graph)
         batch._cache["dgl_block"] = cached
     return cached
 
@@ -159,7 +159,7 @@ def _spmm_block_class() -> type:
         def in_degrees(self, v=ALL, etype=None):
             # Every destination's in-degree is the CSC's indptr difference: no arange of
             # the destinations and no C call per batch (DGL's mean reduce asks each time).
-            csc = getattr(self, "_hopserve_csc", None)
+            csc = _own_csc(self)
             if csc is not None and etype is None and is_all(v):
                 indptr = csc[0]
                 return indptr[1:] - indptr[:-1]
@@ -177,6 +177,15 @@ def _spmm_block_class() -> type:
     return HopserveBlock
 
 
+def _own_csc(graph) -> tuple[Tensor, Tensor] | None:
+    """The batch's ``(indptr, indices)`` when ``graph`` still is the block made of them;
+    ``None`` for a copy DGL made with another index (``.int()``, ``.to(device)``)."""
+    csc = getattr(graph, "_hopserve_csc", None)
+    if csc is None or graph._graph is not csc[2]:
+        return None
+    return csc[0], csc[1]
+
+
 def _u_mul_e_sum(graph, mfunc, rfunc) -> Tensor | None:
     """``sum_{e=(u,v)} x_u * w_e`` per destination, or ``None`` when not that pattern."""
     if (
@@ -190,7 +199,10 @@ def _u_mul_e_sum(graph, mfunc, rfunc) -> Tensor | None:
     x, w = graph.srcdata[mfunc.lhs_field], graph.edata[mfunc.rhs_field]
     if x.dtype != w.dtype or not x.is_floating_point() or x.device != w.device:
         return None
-    indptr, indices = graph._hopserve_csc
+    csc = _own_csc(graph)
+    if csc is None:
+        return None
+    indptr, indices = csc
     size = (graph.num_dst_nodes(), graph.num_src_nodes())
 
     def spmm(values: Tensor, dense: Tensor) -> Tensor:

@@ -366,7 +366,7 @@ class LayerwiseRun:
         def result(job: Future | functools.partial) -> PreparedBatch:
             return job.result() if isinstance(job, Future) else job()
 
-        def halve(rows: int, where: str, err: BaseException) -> None:
+        def halve(rows: int, where: str, err: BaseException, edges: int = 0) -> None:
             """Out of memory (preparing or computing ``rows`` rows): shrink, free, redo
             (a CPU batch over its budget is resized to fit; a real OOM halves)."""
             lstats.oom_halvings += 1
@@ -377,7 +377,7 @@ class LayerwiseRun:
                 torch.cuda.empty_cache()
             predicted = getattr(err, "predicted", None)
             if predicted is not None:
-                sizer.fit(predicted)
+                sizer.fit(predicted, rows, edges)
             else:
                 sizer.halve()
 
@@ -405,12 +405,13 @@ class LayerwiseRun:
                     if isinstance(nxt, Future):
                         nxt.cancel()
                     raise
+                edges = prepared.batch.num_edges
                 del prepared
                 if isinstance(nxt, Future):  # let the prefetch finish (or fail), then drop it
                     with contextlib.suppress(Exception):
                         nxt.result()
                 del nxt
-                halve(num_dst, "while computing", err)
+                halve(num_dst, "while computing", err, edges)
                 t = time.perf_counter()
                 job, rows = submit(start)
                 continue

@@ -121,3 +121,19 @@ def test_a_rate_of_zero_asks_redis_for_every_miss(redis_server: str) -> None:
             assert far.misses == 10 and cache.far_skipped == 0
 
     asyncio.run(scenario())
+
+
+def test_a_redis_outage_does_not_close_the_gate(redis_server: str) -> None:
+    """Lookups that fail (Redis unreachable: every key a miss) say nothing of its hit
+    rate: the gate stays open, so Redis is asked again as soon as it is back."""
+
+    async def scenario() -> None:
+        near = MemoryEmbeddingCache(1000)
+        far = RedisEmbeddingCache("redis://127.0.0.1:1/0", timeout_s=0.05, backoff_s=60)
+        async with TieredCache(near, far, far_min_hit_rate=0.5, far_window=4) as cache:
+            for i in range(12):
+                mask, _ = await cache.get_many(NS, np.array([2 * i, 2 * i + 1]))
+                assert not mask.any()
+            assert cache.gate("cora").open and cache.far_skipped == 0
+
+    asyncio.run(scenario())

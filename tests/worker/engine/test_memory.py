@@ -47,12 +47,17 @@ def test_a_cpu_batch_over_its_budget_is_redone_at_the_target():
     """A CPU batch knows its account before it runs: the redo is scaled by target over
     predicted (not halved), at most 0.9 so it always shrinks, at least 1/4."""
     sizer = BatchSizer(target_bytes=800, max_nodes=100, max_edges=1000)
-    sizer.fit(1000)  # r = 0.8
+    sizer.fit(1000, 100, 1000)  # r = 0.8
     assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((80, 800))
-    sizer.fit(820)  # r = 800 / 820 > 0.9: capped
+    sizer.fit(820, 80, 800)  # r = 800 / 820 > 0.9: capped
     assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((72, 720))
-    sizer.fit(10**6)  # r = 1/4 at least
+    sizer.fit(10**6, 72, 720)  # r = 1/4 at least
     assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((18, 180))
+    # A batch cut short (end of its layer, or by the other threshold) is what is scaled:
+    # thresholds far above it would redo the same batch several times.
+    sizer = BatchSizer(target_bytes=800, max_nodes=1000, max_edges=10_000)
+    sizer.fit(1000, 50, 4000)
+    assert (sizer.max_nodes, sizer.max_edges) == pytest.approx((40, 3200))
 
 
 def test_a_batch_cut_short_by_its_layer_never_grows_the_thresholds():
