@@ -94,17 +94,21 @@ class BatchSizer:
 
     def fit(self, predicted_bytes: int, rows: int, edges: int) -> None:
         """After a CPU batch of ``rows`` rows and ``edges`` edges was predicted at
-        ``predicted_bytes``, over its budget: the redo is that batch scaled by
-        ``r = M / predicted`` (in ``[min_growth, 0.9]``), so it aims at the target
-        instead of at half the batch (the thresholds may be far above a batch cut short).
-        Its sources shrink less than its rows, so a redo can still land over the budget
-        and is then redone again; the 20% between target and budget makes that rare."""
+        ``predicted_bytes``, over its budget: scale both thresholds by
+        ``r = M / predicted`` (in ``[min_growth, 0.9]``), so the redo aims at the target
+        instead of at half the batch. When the scaled thresholds would still admit the
+        whole batch (it was cut short by the end of its rows, far below them), the batch's
+        own size is scaled instead, so the redo is smaller. Its sources shrink less than
+        its rows, so a redo can still land over the budget and is then redone again; the
+        20% between target and budget makes that rare."""
         if predicted_bytes <= 0:
             self.halve()
             return
         r = max(self.min_growth, min(0.9, self.target_bytes / predicted_bytes))
-        self.max_nodes = max(1.0, min(self.max_nodes, max(rows, 1)) * r)
-        self.max_edges = max(1.0, min(self.max_edges, edges if edges > 0 else self.max_edges) * r)
+        nodes, edge_limit = self.max_nodes * r, self.max_edges * r
+        if rows <= nodes and edges <= edge_limit:  # the same batch again: shrink it
+            nodes, edge_limit = min(nodes, max(rows, 1) * r), min(edge_limit, max(edges, 1) * r)
+        self.max_nodes, self.max_edges = max(1.0, nodes), max(1.0, edge_limit)
 
 
 class PeakMemory:
