@@ -202,6 +202,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--partial-models", default="gcn,sage,gat")
     p.add_argument("--partial-layers", type=int, default=2)
     harness.add_engine_args(p)
+    p.set_defaults(budget_mb=32)  # the committed dgl_full.md's budget (the harness' is 64)
     harness.add_allocator_arg(p)
     p.add_argument(
         "--onebatch-budget-mb", type=int, default=4096,
