@@ -13,11 +13,9 @@ from hopserve.worker.convs.dgl_conv import _spmm_block_class, csc_block, dgl_blo
 pytestmark = pytest.mark.dgl
 
 
-@pytest.mark.parametrize(
-    ("num_src", "num_dst", "num_edges"), [(50, 20, 300), (9, 9, 0), (40, 1, 7)]
-)
-def test_csc_block_equals_create_block(num_src, num_dst, num_edges):
-    gen = torch.Generator().manual_seed(num_src + num_edges)
+def _random_csc(num_src: int, num_dst: int, num_edges: int, gen: torch.Generator):
+    """Random destination-sorted edges as a CSC (``dst``, ``indptr``, ``indices``,
+    ``eids``) and DGL's own ``create_block`` of them."""
     dst = torch.sort(torch.randint(num_dst, (num_edges,), generator=gen)).values
     indices = torch.randint(num_src, (num_edges,), generator=gen)
     indptr = torch.zeros(num_dst + 1, dtype=torch.long)
@@ -26,6 +24,15 @@ def test_csc_block_equals_create_block(num_src, num_dst, num_edges):
     want = dgl.create_block(
         ("csc", (indptr, indices, eids)), num_src_nodes=num_src, num_dst_nodes=num_dst
     )
+    return dst, indptr, indices, eids, want
+
+
+@pytest.mark.parametrize(
+    ("num_src", "num_dst", "num_edges"), [(50, 20, 300), (9, 9, 0), (40, 1, 7)]
+)
+def test_csc_block_equals_create_block(num_src, num_dst, num_edges):
+    gen = torch.Generator().manual_seed(num_src + num_edges)
+    dst, indptr, indices, eids, want = _random_csc(num_src, num_dst, num_edges, gen)
     got = csc_block(indptr, indices, eids, num_src, num_dst)
     assert type(got) is type(want)
     assert (got.num_src_nodes(), got.num_dst_nodes(), got.num_edges()) == (
@@ -49,14 +56,7 @@ def test_batch_block_reads_in_degrees_from_its_csc(num_src, num_dst, num_edges):
     """The batch block's own ``in_degrees()`` (its CSC indptr) equals DGL's, so a mean
     reduce divides by the same degrees; other calls are DGL's."""
     gen = torch.Generator().manual_seed(num_dst)
-    dst = torch.sort(torch.randint(num_dst, (num_edges,), generator=gen)).values
-    indices = torch.randint(num_src, (num_edges,), generator=gen)
-    indptr = torch.zeros(num_dst + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
-    eids = torch.arange(num_edges)
-    want = dgl.create_block(
-        ("csc", (indptr, indices, eids)), num_src_nodes=num_src, num_dst_nodes=num_dst
-    )
+    dst, indptr, indices, eids, want = _random_csc(num_src, num_dst, num_edges, gen)
     batch = LayerBatch(torch.arange(num_src), num_dst, indptr, indices, eids, layer=1)
     got = dgl_block(batch)
     assert isinstance(got, _spmm_block_class())

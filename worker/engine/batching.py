@@ -101,10 +101,7 @@ class BatchSizer:
         own size is scaled instead, so the redo is smaller. Its sources shrink less than
         its rows, so a redo can still land over the budget and is then redone again; the
         20% between target and budget makes that rare."""
-        if predicted_bytes <= 0:
-            self.halve()
-            return
-        r = max(self.min_growth, min(0.9, self.target_bytes / predicted_bytes))
+        r = max(self.min_growth, min(0.9, self.target_bytes / max(predicted_bytes, 1)))
         nodes, edge_limit = self.max_nodes * r, self.max_edges * r
         if rows <= nodes and edges <= edge_limit:  # the same batch again: shrink it
             nodes, edge_limit = min(nodes, max(rows, 1) * r), min(edge_limit, max(edges, 1) * r)

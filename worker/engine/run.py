@@ -366,7 +366,7 @@ class LayerwiseRun:
         def result(job: Future | functools.partial) -> PreparedBatch:
             return job.result() if isinstance(job, Future) else job()
 
-        def halve(rows: int, where: str, err: BaseException, edges: int = 0) -> None:
+        def shrink(rows: int, where: str, err: BaseException, edges: int = 0) -> None:
             """Out of memory (preparing or computing ``rows`` rows): shrink, free, redo
             (a CPU batch over its budget is resized to fit; a real OOM halves)."""
             lstats.oom_halvings += 1
@@ -392,7 +392,7 @@ class LayerwiseRun:
                 if not is_oom(err) or rows <= 1:
                     raise
                 del job
-                halve(rows, "while preparing", err)
+                shrink(rows, "while preparing", err)
                 job, rows = submit(start)
                 continue
             stats.prepare_s += time.perf_counter() - t
@@ -411,7 +411,7 @@ class LayerwiseRun:
                     with contextlib.suppress(Exception):
                         nxt.result()
                 del nxt
-                halve(num_dst, "while computing", err, edges)
+                shrink(num_dst, "while computing", err, edges)
                 t = time.perf_counter()
                 job, rows = submit(start)
                 continue
