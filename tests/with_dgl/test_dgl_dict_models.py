@@ -293,11 +293,21 @@ class BiasedRGCN(HeteroRGCN):
         (["pool", "graph", "graph", "graph"], "sum", False),  # pool: transformed rows
     ],
 )
-def test_raw_source_relation_convs_read_the_stored_table_in_place(kinds, aggregate, in_place):
+def test_raw_source_relation_convs_read_the_stored_table_in_place(
+    kinds, aggregate, in_place, monkeypatch
+):
     """HeteroGraphConv of raw-source relation convs (GraphConv, SAGE mean) with an
     order-free aggregation: gather-free layers, each relation conv on a block over the
-    stored table (narrower types: a compact table), exact full and partial in batches of
-    a few nodes; the rest runs on the typed subgraph, exact too."""
+    stored table (narrower types: a compact table; a full layer's relation edges a slice
+    of the store's per-relation CSC), exact full and partial in batches of a few nodes;
+    the rest runs on the typed subgraph, exact too."""
+    from hopserve.worker.graph.relation_csc import RelationCSC
+
+    slices = []
+    in_edges = RelationCSC.in_edges
+    monkeypatch.setattr(
+        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
+    )
     g = _heterograph(5, counts=(60, 70, 4), edges=(200, 200, 40, 70))
     torch.manual_seed(5)
     model = BiasedRGCN(kinds, aggregate).eval()
@@ -309,6 +319,7 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(kinds, aggrega
     full = ev.evaluate()
     assert [layer.gather_free for layer in ev.last_stats.layers] == [in_place, in_place]
     assert min(layer.batches for layer in ev.last_stats.layers) > 5
+    assert (len({start for _, start, _ in slices}) > 5) == in_place
     targets, rows = [], []
     for t, w in want.items():
         got = full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]]

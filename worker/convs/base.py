@@ -74,6 +74,9 @@ class LayerBatch:
             destination rows are a view of the node table.
         sampling: for sampling evaluation with a fanout ``>= 0``, the sampled graph
             :math:`G_l` the edges belong to; ``None`` for exact batches (every in-edge).
+        graph: the graph store a contiguous destination run of a full layer was cut from
+            (global mode, ``dst_start`` set), whose per-graph indexes adapters may read
+            (:attr:`~hopserve.worker.graph.store.GraphStore.relation_csc`); else ``None``.
     """
 
     src_nodes: Tensor
@@ -85,6 +88,7 @@ class LayerBatch:
     global_src_size: int | None = None
     dst_start: int | None = None
     sampling: Sampling | None = None
+    graph: Any = field(default=None, repr=False)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

@@ -98,11 +98,18 @@ def dgl_block(batch: LayerBatch):
         eids = batch._cache.get("local_edge_ids")
         if eids is None:
             eids = local_edge_ids(batch.num_edges, batch.indptr.device)
-        cached = csc_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
-        cached.__class__ = _spmm_block_class()
-        cached._hopserve_csc = (batch.indptr, batch.src_index, cached._graph)
+        cached = hopserve_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
         batch._cache["dgl_block"] = cached
     return cached
+
+
+def hopserve_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_dst: int):
+    """:func:`csc_block` as a block that knows its CSC (``in_degrees()`` from ``indptr``,
+    ``u_mul_e`` sums as torch CSR SpMM; see :func:`_spmm_block_class`)."""
+    block = csc_block(indptr, indices, eids, num_src, num_dst)
+    block.__class__ = _spmm_block_class()
+    block._hopserve_csc = (indptr, indices, block._graph)
+    return block
 
 
 def csc_block(indptr: Tensor, indices: Tensor, eids: Tensor, num_src: int, num_dst: int):

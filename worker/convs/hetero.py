@@ -23,6 +23,7 @@ from hopserve.worker.convs.message_passing import (
     aggregates_raw_sources,
     fuses_sparse_aggregation,
 )
+from hopserve.worker.graph.relation_csc import RelationCSC
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
     HeteroLayer,
@@ -112,17 +113,23 @@ class HeteroLayerAdapter(_TypedAdapter):
         out = x.new_zeros((num_dst, *layer.out_shape))
         if in_place:  # by runs of same-type destinations, each run's edges one slice
             by_dst = dict(layer.by_dst)
+            split = _relation_split(batch, x)
             for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
                 if t not in by_dst:
                     continue
                 x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
                 outs = []
                 for k in by_dst[t]:
-                    on = (edge_type[e0:e1] == layer.calls[k].relation).nonzero().squeeze(1)
-                    on = on.add_(e0)
-                    src = src_index.index_select(0, on)
-                    dst = dst_index.index_select(0, on).sub_(a)
-                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst))
+                    relation = layer.calls[k].relation
+                    if split is not None:
+                        ends = (batch.dst_start + a, batch.dst_start + b)
+                        indptr, src = split.in_edges(relation, *ends)
+                        src, dst = src.long(), None
+                    else:
+                        on = (edge_type[e0:e1] == relation).nonzero().squeeze(1).add_(e0)
+                        src = src_index.index_select(0, on)
+                        dst, indptr = dst_index.index_select(0, on).sub_(a), None
+                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst, indptr))
                 y = group_relations(outs, layer.aggr)
                 out[a:b, : y.shape[1]] = y
             return out
@@ -142,31 +149,38 @@ class HeteroLayerAdapter(_TypedAdapter):
                 src = src_index.index_select(0, on)
                 dst = at_t.index_select(0, on)
                 kw = relation_edge_data(layer.calls[k], columns, on)
-                if in_place:
-                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst))
-                else:
-                    outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
+                outs.append(self._relation(layer, k, x, x_dst, src, dst, pos_in_t, kw))
             y = group_relations(outs, layer.aggr)
             out[dst_sel, : y.shape[1]] = y
         return out
 
     @staticmethod
     def _relation_in_place(
-        layer: HeteroLayer, k: int, x: Tensor, x_dst: Tensor, src: Tensor, dst: Tensor
+        layer: HeteroLayer,
+        k: int,
+        x: Tensor,
+        x_dst: Tensor,
+        src: Tensor,
+        dst: Tensor | None,
+        indptr: Tensor | None,
     ) -> Tensor:
         """One relation conv (a raw-source aggregator, :attr:`supports_global_src`) over
-        the stored table ``x`` read in place: ``src`` are storage ids, ``dst`` positions
-        among the batch's destinations of the relation's type (non-decreasing: the batch's
-        edges are grouped by destination). Its pair form equals its square form (no
-        self-loops), so a same-type relation runs as a pair too."""
+        the stored table ``x`` read in place: ``src`` are storage ids, grouped by
+        destination among the batch's destinations of the relation's type, given as each
+        edge's position ``dst`` (non-decreasing) or as CSC offsets ``indptr`` (the other
+        ``None``). Its pair form equals its square form (no self-loops), so a same-type
+        relation runs as a pair too."""
         call, conv = layer.calls[k], layer.convs[k]
         num_t = x_dst.shape[0]
         width = layer.in_widths[call.src]
+        fused = width == x.shape[1] and fuses_sparse_aggregation(conv)
+        if dst is None and not fused:
+            dst = _destinations(indptr)
         if width != x.shape[1]:  # a narrower type: a table of its rows, not a strided view
             uniq, local = _compact(src, x.shape[0])
             return conv((x.index_select(0, uniq)[:, :width], x_dst), torch.stack([local, dst]))
-        if fuses_sparse_aggregation(conv):
-            crow = csc_indptr(dst, num_t)
+        if fused:
+            crow = csc_indptr(dst, num_t) if indptr is None else indptr
             ones = torch.ones(src.numel(), dtype=x.dtype, device=x.device)
             adj = torch.sparse_csr_tensor(
                 crow, src, ones, size=(num_t, x.shape[0]), check_invariants=False
@@ -204,6 +218,21 @@ class HeteroLayerAdapter(_TypedAdapter):
         width = layer.in_widths[call.dst]
         table = torch.cat([x_dst, x.index_select(0, others)[:, :width]])
         return conv(table, torch.stack([local, dst]), **edge_kw)[:num_t]
+
+
+def _relation_split(batch: LayerBatch, x: Tensor) -> RelationCSC | None:
+    """The per-relation CSC of a full layer's contiguous run read in place on the CPU
+    (:attr:`LayerBatch.graph`), whose slices replace a scan of the batch's relation ids
+    per relation; ``None`` for other batches."""
+    if batch.graph is None or batch.dst_start is None or x.device.type != "cpu":
+        return None
+    return getattr(batch.graph, "relation_csc", None)
+
+
+def _destinations(indptr: Tensor) -> Tensor:
+    """Each edge's destination position from CSC offsets ``indptr`` (non-decreasing)."""
+    counts = indptr.diff()
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts)
 
 
 def _destination_runs(dst_types: Tensor, indptr: Tensor) -> list[tuple[int, int, int, int, int]]:
@@ -249,15 +278,22 @@ class DictConvAdapter(_TypedAdapter):
         layer: DictConvLayer = self.conv
         edge_data = 8 * (self.edge_feature_dim or 0)
         if layer.style == "dgl" and hasattr(layer.conv, "mods"):
+            base = _IN_PLACE_EDGE_BYTES if self.supports_global_src else _SUBGRAPH_EDGE_BYTES
+            return base + self._relation_edge_bytes(src_row_bytes) + edge_data
+        return 6 * src_row_bytes + edge_data
+
+    def _relation_edge_bytes(self, src_row_bytes: int) -> int:
+        """What the ``HeteroGraphConv``'s relation convs keep per edge, the most of them
+        (by their own adapters; asked per batch, so worked out once per row width)."""
+        known = self.__dict__.setdefault("_relation_bytes", {})
+        if src_row_bytes not in known:
             from hopserve.worker.convs.registry import adapter_for
 
-            per_edge = max(
-                (adapter_for(m, "").edge_bytes(src_row_bytes) for m in layer.conv.mods.values()),
-                default=0,
+            mods = self.conv.conv.mods.values()
+            known[src_row_bytes] = max(
+                (adapter_for(m, "").edge_bytes(src_row_bytes) for m in mods), default=0
             )
-            base = _IN_PLACE_EDGE_BYTES if self.supports_global_src else _SUBGRAPH_EDGE_BYTES
-            return base + per_edge + edge_data
-        return 6 * src_row_bytes + edge_data
+        return known[src_row_bytes]
 
     @property
     def supports_global_src(self) -> bool:
@@ -282,9 +318,9 @@ class DictConvAdapter(_TypedAdapter):
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
-        values = self.edge_values(batch)
         if batch.global_src_size is not None:  # x: the stored table, by storage id
-            return self._run_in_place(x, batch, values["edge_type"])
+            return self._run_in_place(x, batch)
+        values = self.edge_values(batch)
         columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         types = layer.layout.types_of(batch.src_nodes, batch.num_src, x.device)
         out = layer.on_rows(
@@ -298,7 +334,7 @@ class DictConvAdapter(_TypedAdapter):
         )
         return out[: batch.num_dst]
 
-    def _run_in_place(self, x: Tensor, batch: LayerBatch, edge_type: Tensor) -> Tensor:
+    def _run_in_place(self, x: Tensor, batch: LayerBatch) -> Tensor:
         """:attr:`supports_global_src`: per run of same-type destinations (a type's rows
         are storage-id ranges, so a batch's destinations of one type come in a few runs,
         and, the batch's edges being grouped by destination, so do their in-edges), each
@@ -320,6 +356,8 @@ class DictConvAdapter(_TypedAdapter):
             ]
             for t in layer.in_widths
         }
+        split = _relation_split(batch, x)
+        edge_type = None if split is not None else self.edge_values(batch)["edge_type"]
         for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
             relations = by_type.get(t)
             if not relations:
@@ -327,18 +365,32 @@ class DictConvAdapter(_TypedAdapter):
             x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
-                on = (edge_type[e0:e1] == rel).nonzero().squeeze(1).add_(e0)
-                src = batch.src_index.index_select(0, on)
+                if split is not None:
+                    indptr, src = split.in_edges(rel, batch.dst_start + a, batch.dst_start + b)
+                    src = src.long()
+                else:
+                    on = (edge_type[e0:e1] == rel).nonzero().squeeze(1).add_(e0)
+                    src = batch.src_index.index_select(0, on)
+                    dst = batch.dst_index.index_select(0, on).sub_(a)
+                    indptr = None
                 # A typed store's relation edges start at its source type; a store built
                 # from a bare edge list with types (the load-time probe graph) need not, and
                 # HeteroGraphConv's forward leaves the others out (the destination's type
                 # is the run's).
-                of_type = layer.layout.is_type(src, index(key[0]))
-                if not bool(of_type.all()):
-                    on, src = on[of_type], src[of_type]
-                # Grouped by destination: the run's positions, non-decreasing.
-                dst = batch.dst_index.index_select(0, on).sub_(a)
-                outs.append(self._relation_in_place(x, x_dst, src, dst, key, relation_kwargs))
+                s = index(key[0])
+                if split is not None and split.source_types is not None:
+                    of_type = (
+                        None if split.source_types[rel] <= {s} else layer.layout.is_type(src, s)
+                    )
+                else:
+                    of_type = layer.layout.is_type(src, s)
+                if of_type is not None and not bool(of_type.all()):
+                    if indptr is not None:
+                        dst = _destinations(indptr)
+                    src, dst, indptr = src[of_type], dst[of_type], None
+                if indptr is None:  # grouped by destination: dst is non-decreasing
+                    indptr = csc_indptr(dst, b - a)
+                outs.append(self._relation_in_place(x, x_dst, src, indptr, key, relation_kwargs))
             y = _aggregate(layer.conv.agg_fn, outs, layer.layout.names[t])
             out[a:b, : y.shape[1]] = y
         return out
@@ -348,13 +400,13 @@ class DictConvAdapter(_TypedAdapter):
         x: Tensor,
         x_dst: Tensor,
         src: Tensor,
-        dst: Tensor,
+        indptr: Tensor,
         key: tuple[str, str, str],
         relation_kwargs: dict[str, dict[str, Tensor]],
     ) -> Tensor:
-        """Relation ``key``'s conv on a block of edges ``src`` (storage ids) ->
-        ``dst`` (positions among ``x_dst``'s rows, non-decreasing)."""
-        from hopserve.worker.convs.dgl_conv import aggregate_first, csc_block, local_edge_ids
+        """Relation ``key``'s conv on a block of edges ``src`` (storage ids) into
+        ``x_dst``'s rows, grouped by destination (CSC offsets ``indptr``)."""
+        from hopserve.worker.convs.dgl_conv import aggregate_first, hopserve_block, local_edge_ids
 
         layer: DictConvLayer = self.conv
         num_t = x_dst.shape[0]
@@ -364,7 +416,7 @@ class DictConvAdapter(_TypedAdapter):
             uniq, src = _compact(src, x.shape[0])
             x_src = x.index_select(0, uniq)[:, :width]
         eids = local_edge_ids(src.numel(), x.device)
-        block = csc_block(csc_indptr(dst, num_t), src, eids, x_src.shape[0], num_t)
+        block = hopserve_block(indptr, src, eids, x_src.shape[0], num_t)
         mod = layer.conv._get_module(key)
         with zero_in_degree_allowed(mod):
             return aggregate_first(mod)(block, (x_src, x_dst), **relation_kwargs.get(key[1], {}))

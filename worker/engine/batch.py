@@ -107,6 +107,7 @@ def build_batch(
             global_src_size=graph.num_nodes,
             dst_start=start if frontier.nodes is None else None,
             sampling=sampling,
+            graph=graph if frontier.nodes is None and not frontier.sampled else None,
         )
         _note_local_edge_ids(batch, frontier, start)
         return batch

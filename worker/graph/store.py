@@ -34,6 +34,7 @@ from hopserve.worker.graph.format import (
     load_array,
 )
 from hopserve.worker.graph.node_types import check_node_types, type_of
+from hopserve.worker.graph.relation_csc import RelationCSC
 from hopserve.worker.graph.topology import GraphTopology
 
 __all__ = ["GraphStore"]
@@ -505,6 +506,22 @@ class GraphStore:
     def out_degrees(self) -> torch.Tensor:
         """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
         return torch.from_numpy(self.topology.out_degrees)
+
+    @cached_property
+    def relation_csc(self) -> RelationCSC | None:
+        """Each relation's in-edges as a CSC of its own (:mod:`.relation_csc`), built on
+        first use; ``None`` without typed edges."""
+        topo = self.topology
+        if topo.edge_type is None or not self.relations:
+            return None
+        types = self.node_types
+        return RelationCSC.build(
+            topo.indptr,
+            topo.indices,
+            topo.edge_type,
+            len(self.relations),
+            (lambda ids: type_of(types, ids)) if types else None,
+        )
 
     @property
     def avg_degree(self) -> float:

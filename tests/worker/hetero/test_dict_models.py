@@ -427,22 +427,29 @@ def test_to_hetero_relation_output_read_twice_runs_per_relation():
 
 def test_raw_source_relation_convs_read_the_stored_table_in_place(monkeypatch):
     """``to_hetero`` SAGE (no projection: it aggregates raw source rows) reads each
-    layer's stored table in place, relation by relation (sum / mean by one SpMM), exact on
-    graphs whose types have different widths (a narrower type's rows gathered)."""
+    layer's stored table in place, relation by relation (sum / mean by one SpMM), each
+    relation's edges of a full layer's batch a slice of the store's per-relation CSC, exact
+    on graphs whose types have different widths (a narrower type's rows gathered)."""
     from hopserve.worker.convs.hetero import HeteroLayerAdapter
+    from hopserve.worker.graph.relation_csc import RelationCSC
 
-    calls = []
+    calls, slices = [], []
     original = HeteroLayerAdapter._relation_in_place
+    in_edges = RelationCSC.in_edges
+    monkeypatch.setattr(
+        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
+    )
 
-    def spy(layer, k, x, x_dst, src, dst):
+    def spy(layer, k, x, x_dst, src, dst, indptr):
         calls.append(layer.in_widths[layer.calls[k].src] == x.shape[1])
-        return original(layer, k, x, x_dst, src, dst)
+        return original(layer, k, x, x_dst, src, dst, indptr)
 
     monkeypatch.setattr(HeteroLayerAdapter, "_relation_in_place", staticmethod(spy))
     for aggr in ("sum", "mean", "max"):
         data = _fake(2)
         check_dict_model(pyg.to_hetero(Skip(), data.metadata(), aggr=aggr), data, aggr)
     assert any(calls) and not all(calls), "both the in-place and the narrower-type path"
+    assert len({start for _, start, _ in slices}) > 5, "full layers' batches: slices"
     ev = LayerwiseEvaluator(
         pyg.to_hetero(Skip(), data.metadata()), GraphStore.from_pyg(data), progress=False
     )
