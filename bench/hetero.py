@@ -187,65 +187,12 @@ def make_model(
 
 
 def _rgcn_hetero_example():
-    """DGL's rgcn-hetero example layer (``examples/pytorch/rgcn-hetero/model.py``) and its
-    ``EntityClassify``, as published (dropout 0: the benchmark runs in eval mode)."""
-    import dgl.nn.pytorch as dglnn
-    import torch
+    """DGL's rgcn-hetero example ``EntityClassify`` over its layer as published
+    (:mod:`hopserve.testing.dgl_rgcn_hetero`; dropout 0: the benchmark runs in eval mode)."""
     import torch.nn.functional as F
     from torch import nn
 
-    class RelGraphConvLayer(nn.Module):
-        def __init__(self, in_feat, out_feat, rel_names, num_bases, *, weight=True,
-                     bias=True, activation=None, self_loop=False):  # fmt: skip
-            super().__init__()
-            self.rel_names, self.bias, self.activation = rel_names, bias, activation
-            self.self_loop = self_loop
-            self.conv = dglnn.HeteroGraphConv(
-                {
-                    rel: dglnn.GraphConv(in_feat, out_feat, norm="right", weight=False, bias=False)
-                    for rel in rel_names
-                }
-            )
-            self.use_weight = weight
-            self.use_basis = num_bases < len(self.rel_names) and weight
-            if self.use_weight:
-                if self.use_basis:
-                    self.basis = dglnn.WeightBasis((in_feat, out_feat), num_bases, len(rel_names))
-                else:
-                    self.weight = nn.Parameter(torch.Tensor(len(rel_names), in_feat, out_feat))
-                    nn.init.xavier_uniform_(self.weight, gain=nn.init.calculate_gain("relu"))
-            if bias:
-                self.h_bias = nn.Parameter(torch.zeros(out_feat))
-            if self_loop:
-                self.loop_weight = nn.Parameter(torch.Tensor(in_feat, out_feat))
-                nn.init.xavier_uniform_(self.loop_weight, gain=nn.init.calculate_gain("relu"))
-
-        def forward(self, g, inputs):
-            g = g.local_var()
-            if self.use_weight:
-                weight = self.basis() if self.use_basis else self.weight
-                wdict = {
-                    self.rel_names[i]: {"weight": w.squeeze(0)}
-                    for i, w in enumerate(torch.split(weight, 1, dim=0))
-                }
-            else:
-                wdict = {}
-            if g.is_block:
-                inputs_dst = {k: v[: g.number_of_dst_nodes(k)] for k, v in inputs.items()}
-            else:
-                inputs_dst = inputs
-            hs = self.conv(g, inputs, mod_kwargs=wdict)
-
-            def _apply(ntype, h):
-                if self.self_loop:
-                    h = h + torch.matmul(inputs_dst[ntype], self.loop_weight)
-                if self.bias:
-                    h = h + self.h_bias
-                if self.activation:
-                    h = self.activation(h)
-                return h
-
-            return {ntype: _apply(ntype, h) for ntype, h in hs.items()}
+    from hopserve.testing.dgl_rgcn_hetero import RelGraphConvLayer
 
     class EntityClassify(nn.Module):
         def __init__(self, dims, rel_names, num_bases):
