@@ -329,3 +329,105 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(
         rows.append(w[pick])
     got = ev.evaluate(targets=torch.cat(targets))
     assert_exact(got[:, : rows[0].shape[1]], torch.cat(rows), f"{kinds} {aggregate} partial")
+
+
+def _spy_slices(monkeypatch) -> list[tuple[int, int, int]]:
+    """The ``(relation, start, end)`` of every per-relation CSC slice read from now on."""
+    from hopserve.worker.graph.relation_csc import RelationCSC
+
+    slices = []
+    in_edges = RelationCSC.in_edges
+    monkeypatch.setattr(
+        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
+    )
+    return slices
+
+
+def _graph_convs(relations, a: int, b: int) -> dict[str, nn.Module]:
+    return {r: dglnn.GraphConv(a, b, norm="right", allow_zero_in_degree=True) for r in relations}
+
+
+class TwoHeteroLayers(nn.Module):
+    """Two ``HeteroGraphConv`` layers (sum, then mean) of raw-source relation convs: both
+    read the stored table in place."""
+
+    def __init__(self, first: dict[str, nn.Module], second: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                dglnn.HeteroGraphConv(first, aggregate="sum"),
+                dglnn.HeteroGraphConv(second, aggregate="mean"),
+            ]
+        )
+
+    def forward(self, g, x):
+        h = {k: F.relu(v) for k, v in self.layers[0](g, x).items()}
+        return self.layers[1](g, h)
+
+
+def test_a_model_of_many_relations_equals_its_forward(monkeypatch):
+    """42 relations: the load-time probe graph may lack the last ones (its batches scan);
+    the store's full layers read its per-relation CSC (review finding: an IndexError at
+    load)."""
+    slices = _spy_slices(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    n = {"a": 50, "b": 30}
+    rels = [("a", f"r{k}", "a" if k % 2 else "b") for k in range(41)] + [("b", "back", "a")]
+    edges = {r: tuple(torch.randint(0, n[t], (30,), generator=gen) for t in (r[0], r[2]))
+             for r in rels}  # fmt: skip
+    g = dgl.heterograph(edges, num_nodes_dict=n)
+    x = {t: torch.randn(n[t], 6, generator=gen) for t in g.ntypes}
+    torch.manual_seed(0)
+    names = [r[1] for r in rels]
+    model = TwoHeteroLayers(_graph_convs(names, 6, 6), _graph_convs(names, 6, 4)).eval()
+    with torch.no_grad():
+        want = model(g, x)
+    for t in g.ntypes:
+        g.nodes[t].data["feat"] = x[t]
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
+    full = ev.evaluate()
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, t)
+    assert {relation for relation, _, _ in slices} >= {0, len(rels) - 1}
+
+
+def test_dict_models_on_a_live_graph_equal_their_forward(tmp_path, monkeypatch):
+    """Typed nodes appended by live updates (each type a base range plus runs): full
+    layers read the per-relation CSC of every new version, and equal the model's own
+    forward on the same graph built from scratch."""
+    from support.typed_live import DIMS, TypedGraph, apply_typed_stream, typed_stream_batch
+
+    from hopserve.worker.graph.live import LiveGraph
+
+    slices = _spy_slices(monkeypatch)
+
+    torch.manual_seed(0)
+    first = {  # user (3 wide) -> item, item (5 wide) -> user
+        "clicks": dglnn.GraphConv(DIMS["user"], 6, norm="right", allow_zero_in_degree=True),
+        "clicked_by": dglnn.SAGEConv((DIMS["item"], DIMS["user"]), 6, "mean"),
+    }
+    model = TwoHeteroLayers(first, _graph_convs(["clicks", "clicked_by"], 6, 4)).eval()
+    graph = TypedGraph(seed=1)
+    graph.store().save(tmp_path / "g", progress=False)
+    live = LiveGraph(tmp_path / "g", with_features=True)
+    ev = LayerwiseEvaluator(model, live.store(), init_batch_nodes=3, progress=False)
+    for seq in range(1, 5):
+        live.apply(typed_stream_batch(seq))
+        apply_typed_stream(graph, seq)
+        data = graph.hetero()
+        g = dgl.heterograph(
+            {k: (v[0], v[1]) for k, v in data.edge_index_dict.items()},
+            num_nodes_dict={t: data[t].x.shape[0] for t in DIMS},
+        )
+        with torch.no_grad():
+            want = model(g, {t: data[t].x for t in DIMS})
+        store = live.store()
+        ev.graph = store  # as a worker does when the graph moves on
+        before = len(slices)
+        full = ev.evaluate()
+        assert len(slices) > before, f"batch {seq}: full layers read the per-relation CSC"
+        for t, w in want.items():
+            ids = store.topology.find_typed(graph.ids[t], t)[0]
+            assert_exact(full[ids][:, : w.shape[1]], w, f"after batch {seq}, type {t}")

@@ -75,8 +75,9 @@ class LayerBatch:
         sampling: for sampling evaluation with a fanout ``>= 0``, the sampled graph
             :math:`G_l` the edges belong to; ``None`` for exact batches (every in-edge).
         graph: the graph store a contiguous destination run of a full layer was cut from
-            (global mode, ``dst_start`` set), whose per-graph indexes adapters may read
-            (:attr:`~hopserve.worker.graph.store.GraphStore.relation_csc`); else ``None``.
+            (global mode, ``dst_start`` set, on the host), whose per-graph indexes adapters
+            may read (:attr:`~hopserve.worker.graph.store.GraphStore.relation_csc`); else
+            ``None``.
     """
 
     src_nodes: Tensor
@@ -148,7 +149,8 @@ class LayerBatch:
         )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> LayerBatch:
-        """Move the index tensors to ``device``."""
+        """Move the index tensors to ``device`` (without :attr:`graph`: its per-graph
+        indexes are host tensors)."""
         return LayerBatch(
             src_nodes=self.src_nodes.to(device, non_blocking=non_blocking),
             num_dst=self.num_dst,

@@ -23,6 +23,7 @@ from hopserve.worker.convs.message_passing import (
     aggregates_raw_sources,
     fuses_sparse_aggregation,
 )
+from hopserve.worker.graph.node_types import relation_triple
 from hopserve.worker.graph.relation_csc import RelationCSC
 from hopserve.worker.hetero.modules import (
     DictConvLayer,
@@ -103,17 +104,15 @@ class HeteroLayerAdapter(_TypedAdapter):
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: HeteroLayer = self.conv
         num_dst = batch.num_dst
-        values = self.edge_values(batch)
-        edge_type = values["edge_type"]
-        columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
         dst_types = layer.layout.types_of(batch.dst_nodes, num_dst, x.device)
-        src_index, dst_index = batch.src_index, batch.dst_index
+        src_index = batch.src_index
         in_place = batch.global_src_size is not None  # x: the stored table, by storage id
         x_dst_rows = batch.dst_rows(x)
         out = x.new_zeros((num_dst, *layer.out_shape))
         if in_place:  # by runs of same-type destinations, each run's edges one slice
             by_dst = dict(layer.by_dst)
-            split = _relation_split(batch, x)
+            split = _relation_split(batch, x, layer.layout)
+            edge_type = None if split is not None else self.edge_values(batch)["edge_type"]
             for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
                 if t not in by_dst:
                     continue
@@ -128,11 +127,15 @@ class HeteroLayerAdapter(_TypedAdapter):
                     else:
                         on = (edge_type[e0:e1] == relation).nonzero().squeeze(1).add_(e0)
                         src = src_index.index_select(0, on)
-                        dst, indptr = dst_index.index_select(0, on).sub_(a), None
+                        dst, indptr = batch.dst_index.index_select(0, on).sub_(a), None
                     outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst, indptr))
                 y = group_relations(outs, layer.aggr)
                 out[a:b, : y.shape[1]] = y
             return out
+        values = self.edge_values(batch)
+        edge_type = values["edge_type"]
+        columns = edge_columns(values.get("edge_attr"), values.get("edge_weight"))
+        dst_index = batch.dst_index
         for t, ks in layer.by_dst:
             dst_sel = (dst_types == t).nonzero().squeeze(1)
             if dst_sel.numel() == 0:
@@ -220,13 +223,20 @@ class HeteroLayerAdapter(_TypedAdapter):
         return conv(table, torch.stack([local, dst]), **edge_kw)[:num_t]
 
 
-def _relation_split(batch: LayerBatch, x: Tensor) -> RelationCSC | None:
+def _relation_split(batch: LayerBatch, x: Tensor, layout: Any) -> RelationCSC | None:
     """The per-relation CSC of a full layer's contiguous run read in place on the CPU
     (:attr:`LayerBatch.graph`), whose slices replace a scan of the batch's relation ids
-    per relation; ``None`` for other batches."""
-    if batch.graph is None or batch.dst_start is None or x.device.type != "cpu":
+    per relation; ``None`` for other batches, and for a graph the layer's type layout is
+    not bound to (the load-time probe graph: its relation ids need not be the layer's)."""
+    graph = batch.graph
+    if graph is None or batch.dst_start is None or x.device.type != "cpu":
         return None
-    return getattr(batch.graph, "relation_csc", None)
+    relations = getattr(graph, "relations", None) or ()
+    if not getattr(graph, "node_types", None) or len(relations) != len(layout.relations):
+        return None
+    if any(relation_triple(r) != t for r, t in zip(relations, layout.relations, strict=True)):
+        return None
+    return getattr(graph, "relation_csc", None)
 
 
 def _destinations(indptr: Tensor) -> Tensor:
@@ -269,6 +279,10 @@ class DictConvAdapter(_TypedAdapter):
     """Runs a :class:`DictConvLayer` on a batch: the conv on the batch's typed subgraph
     (its destinations, their sources and the in-edges between), destination rows kept."""
 
+    def __init__(self, conv: Any) -> None:
+        super().__init__(conv)
+        self._relation_bytes: dict[int, int] = {}  # per source row width
+
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists, or the in-place path's relation
         selections, and the conv's per-edge rows (HGT: gathered keys, queries, values and
@@ -285,7 +299,7 @@ class DictConvAdapter(_TypedAdapter):
     def _relation_edge_bytes(self, src_row_bytes: int) -> int:
         """What the ``HeteroGraphConv``'s relation convs keep per edge, the most of them
         (by their own adapters; asked per batch, so worked out once per row width)."""
-        known = self.__dict__.setdefault("_relation_bytes", {})
+        known = self._relation_bytes
         if src_row_bytes not in known:
             from hopserve.worker.convs.registry import adapter_for
 
@@ -356,7 +370,7 @@ class DictConvAdapter(_TypedAdapter):
             ]
             for t in layer.in_widths
         }
-        split = _relation_split(batch, x)
+        split = _relation_split(batch, x, layer.layout)
         edge_type = None if split is not None else self.edge_values(batch)["edge_type"]
         for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
             relations = by_type.get(t)

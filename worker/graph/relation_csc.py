@@ -8,18 +8,22 @@ CSC that is a scan of the batch's relation ids and a gather of the matches, per 
 and batch. :class:`RelationCSC` keeps relation ``r``'s edges once, in the store's CSC order
 (so within a destination in the store's order, and the same sums in the same order):
 
-* ``indptr[r]``, int32 (int64 past ``2**31`` edges) ``[hi_r - lo_r + 1]``: the
-  ``r``-in-edges of destination ``v`` (``lo_r <= v < hi_r``, the first and one past the
-  last destination with an ``r``-edge) are ``src[r][indptr[r][v - lo_r] :
-  indptr[r][v - lo_r + 1]]``;
-* ``src[r]``: their sources (storage ids, the store's index dtype);
+* the offsets of its destinations ``lo_r .. hi_r - 1`` (the first and one past the last
+  with an ``r``-edge): all of them (``indptr[r]`` ``[hi_r - lo_r + 1]``, ``dst[r]`` ``None``)
+  when that span is at most the relation's edge count, else only those with an ``r``-edge
+  (``dst[r]``, ascending, and ``indptr[r]`` ``[len(dst[r]) + 1]``), so a sparse relation
+  into a large type (or a type a live graph appended runs to) costs its edges, not the
+  span; int32 below ``2**31`` edges;
+* ``src[r]``: their sources (storage ids, the store's index dtype), in the store's CSC
+  order;
 * ``source_types[r]``: the node types of those sources (typed stores), so a layer that
   reads relation ``(s, r, t)`` knows once per graph that every source is of type ``s``.
 
-Memory: the store's index once more (``E`` entries) plus an offset per destination and
-relation that has one. Built on the first full layer that reads it, once per graph version
+Memory: the store's index once more (``E`` entries) and at most two more entries per edge.
+Built on the first full layer that reads it, once per graph version
 (:attr:`~.store.GraphStore.relation_csc`), in two passes over runs of about a million
-edges, so the transient memory is a run's.
+edges, so the transient memory is a run's. Read-only: :meth:`RelationCSC.in_edges` hands
+out views.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class RelationCSC:
 
     lo: tuple[int, ...]
     indptr: tuple[Tensor, ...]
+    dst: tuple[Tensor | None, ...]
     src: tuple[Tensor, ...]
     source_types: tuple[frozenset[int], ...] | None = None
 
@@ -85,28 +90,48 @@ class RelationCSC:
                 ptrs[r][b0 - lo[r] + 1 : b1 - lo[r] + 1] = counts
                 srcs[r][filled[r] : filled[r] + at.size] = indices[a + at]
                 filled[r] += at.size
-        types = []
+        types, dsts = [], []
         for r in range(num_relations):
+            counts = ptrs[r][1:]
+            if counts.size > size[r]:  # sparse: keep the destinations that have edges
+                present = np.flatnonzero(counts)
+                node = np.int32 if indptr.size <= 2**31 else np.int64
+                dsts.append(torch.from_numpy((present + lo[r]).astype(node)))
+                ptrs[r] = np.concatenate([[0], counts[present]]).astype(counts.dtype)
+            else:
+                dsts.append(None)
             np.cumsum(ptrs[r], out=ptrs[r])
             if type_of is not None:
                 present = np.flatnonzero(np.bincount(type_of(srcs[r])))
                 types.append(frozenset(present.tolist()))
-        los = lo.tolist()
         ptrs = [torch.from_numpy(p) for p in ptrs]
         srcs = [torch.from_numpy(x) for x in srcs]
         kinds = tuple(types) if type_of is not None else None
-        return cls(tuple(los), tuple(ptrs), tuple(srcs), kinds)
+        return cls(tuple(lo.tolist()), tuple(ptrs), tuple(dsts), tuple(srcs), kinds)
 
     @property
     def nbytes(self) -> int:
-        """Bytes the offsets and sources take."""
-        return sum(t.numel() * t.element_size() for t in (*self.indptr, *self.src))
+        """Bytes the offsets, destinations and sources take."""
+        parts = (*self.indptr, *self.src, *(d for d in self.dst if d is not None))
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    @property
+    def num_relations(self) -> int:
+        return len(self.lo)
 
     def in_edges(self, relation: int, start: int, end: int) -> tuple[Tensor, Tensor]:
         """``(indptr, src)`` of relation ``relation``'s in-edges of destinations
         ``start .. end - 1``: a local CSC (int64 ``[end - start + 1]``, from 0) and the
-        sources (a view of :attr:`src`, the store's index dtype)."""
-        lo, ptr = self.lo[relation], self.indptr[relation]
+        sources (a view of :attr:`src`, the store's index dtype: read-only)."""
+        lo, ptr, dst = self.lo[relation], self.indptr[relation], self.dst[relation]
+        if dst is not None:  # sparse: the window of destinations that have edges
+            i0, i1 = torch.searchsorted(dst, torch.tensor([start, end], dtype=dst.dtype)).tolist()
+            local = torch.zeros(end - start + 1, dtype=torch.long)
+            local[(dst[i0:i1] - start + 1).long()] = (
+                ptr[i0 + 1 : i1 + 1].diff(prepend=ptr[i0 : i0 + 1]).long()
+            )
+            first = int(ptr[i0])
+            return local.cumsum_(0), self.src[relation][first : int(ptr[i1])]
         hi = lo + ptr.numel() - 1
         m0, m1 = min(max(start, lo), hi), min(max(end, lo), hi)
         local = ptr[m0 - lo : m1 - lo + 1].long()

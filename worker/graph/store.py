@@ -10,6 +10,7 @@ layout is described in :mod:`~.format`.
 from __future__ import annotations
 
 import logging
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ class GraphStore:
         self.edge_features = None if ef is None else torch.from_numpy(ef)
         et = topo.edge_type
         self.edge_type = None if et is None else torch.from_numpy(et)
+        self._relation_csc: RelationCSC | None = None
+        self._relation_csc_lock = threading.Lock()
         self.features = _tensor(features)
         self.labels = None if labels is None else _tensor(labels)
         self.path = topo.path
@@ -507,21 +510,25 @@ class GraphStore:
         """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
         return torch.from_numpy(self.topology.out_degrees)
 
-    @cached_property
+    @property
     def relation_csc(self) -> RelationCSC | None:
         """Each relation's in-edges as a CSC of its own (:mod:`.relation_csc`), built on
-        first use; ``None`` without typed edges."""
+        first use (once: concurrent first uses wait for one build); ``None`` without typed
+        edges."""
         topo = self.topology
         if topo.edge_type is None or not self.relations:
             return None
-        types = self.node_types
-        return RelationCSC.build(
-            topo.indptr,
-            topo.indices,
-            topo.edge_type,
-            len(self.relations),
-            (lambda ids: type_of(types, ids)) if types else None,
-        )
+        with self._relation_csc_lock:
+            if self._relation_csc is None:
+                types = self.node_types
+                self._relation_csc = RelationCSC.build(
+                    topo.indptr,
+                    topo.indices,
+                    topo.edge_type,
+                    len(self.relations),
+                    (lambda ids: type_of(types, ids)) if types else None,
+                )
+        return self._relation_csc
 
     @property
     def avg_degree(self) -> float:

@@ -56,6 +56,28 @@ def test_slices_equal_a_scan_of_the_relation_ids(n, e, relations, one_sided, chu
             assert local.dtype == torch.int64 and local.tolist() == want_ptr.tolist()
             assert sources.tolist() == want_src.tolist(), (r, start, end)
     assert index.source_types is None
+    offsets = 4 * (2 * e + relations + 1)  # int32: at most two entries per edge, one each
+    assert index.nbytes <= src.nbytes + offsets
+
+
+def test_a_sparse_relation_keeps_the_destinations_it_has_not_its_span():
+    """Three edges into destinations 10, 500 and 990 of 1000: the offsets are those three
+    destinations', and every range (before, between, across and past them) still reads
+    exactly their edges."""
+    n = 1000
+    dst = np.array([10, 10, 500, 990, 990, 990])
+    src = np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)
+    edge_type = np.array([0, 1, 0, 0, 1, 0], dtype=np.int16)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    index = RelationCSC.build(indptr, src, edge_type, 2)
+    assert index.dst[0].tolist() == [10, 500, 990] and index.indptr[0].numel() == 4
+    for start, end in [(0, 5), (0, 11), (10, 11), (11, 500), (400, 991), (991, 1000), (0, n)]:
+        for r in (0, 1):
+            local, sources = index.in_edges(r, start, end)
+            want_ptr, want_src = _scan(indptr, src, edge_type, r, start, end)
+            assert local.tolist() == want_ptr.tolist(), (r, start, end)
+            assert sources.tolist() == want_src.tolist(), (r, start, end)
 
 
 def test_a_typed_store_records_each_relations_source_types():

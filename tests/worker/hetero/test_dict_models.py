@@ -457,6 +457,32 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(monkeypatch):
     assert all(ly.gather_free for ly in ev.last_stats.layers if ly.layer > 0)
 
 
+@pytest.mark.parametrize("num_relations", [42, 67])
+def test_a_model_of_many_relations_equals_its_forward(num_relations, monkeypatch):
+    """With many relations the load-time probe graph (random relation ids) may lack the
+    last ones: its batches scan their relation ids, the store's read the store's
+    per-relation CSC (review finding: slicing the probe's index by the layer's ids raised
+    IndexError at load for 42 and 67 relations)."""
+    from hopserve.worker.graph.relation_csc import RelationCSC
+
+    slices = []
+    in_edges = RelationCSC.in_edges
+    monkeypatch.setattr(
+        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
+    )
+    gen = torch.Generator().manual_seed(0)
+    n = {"a": 50, "b": 30}
+    data = HeteroData()
+    for t, count in n.items():
+        data[t].x = torch.randn(count, 6, generator=gen)
+    relations = [("a", f"r{k}", "a" if k % 2 else "b") for k in range(num_relations - 1)]
+    for s, r, d in [*relations, ("b", "back", "a")]:
+        ends = [torch.randint(0, n[t], (30,), generator=gen) for t in (s, d)]
+        data[s, r, d].edge_index = torch.stack(ends)
+    check_dict_model(pyg.to_hetero(Skip(), data.metadata(), aggr="sum"), data, "many")
+    assert {relation for relation, _, _ in slices} >= {0, num_relations - 1}
+
+
 class TorchAddSkip(nn.Module):
     """``torch.add(conv(x), lin(x))``: ``to_hetero`` keeps ``torch.add`` for the skip, the
     op it joins relations with too; the skip is not part of the relations' join."""
