@@ -14,7 +14,11 @@ rebuilt as a table over all rows, meaningful on its type's rows
 - a function or method on one type's values is the same op on the tables (a row-wise op
   gives the right rows; the other rows are never read), identical calls made once: the
   per-type ``relu`` of ``{k: v.relu() for k, v in x_dict.items()}`` is one op;
-- a leaf module on one type's value is a :class:`~.modules.TypedRows`;
+- a leaf module on one type's value is a :class:`~.modules.TypedRows`, except a
+  parameter-free elementwise one (dropout, an activation: :data:`ELEMENTWISE_MODULES`),
+  which is the same module on the table, as a function is: the per-type ``dropout`` of
+  DGL's rgcn-hetero example layer is one op, and what reads it (the next layer's
+  self-loop ``matmul``) one op, not one per type;
 - the model's output (one type's value, or a dict of them) is one table; the types it
   holds are the model's output types (:attr:`HomogeneousModel.output_types`).
 
@@ -58,6 +62,17 @@ from hopserve.worker.hetero.modules import (
 __all__ = ["HomogeneousModel", "as_homogeneous", "homogenize", "is_dict_model"]
 
 DICT_CONVS = frozenset({"HGTConv"})
+
+ELEMENTWISE_MODULES = (
+    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+    nn.FeatureAlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU,
+    nn.GELU, nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Softsign, nn.Hardtanh,
+    nn.Hardswish, nn.Hardsigmoid, nn.Hardshrink, nn.Softshrink, nn.Tanhshrink,
+    nn.LogSigmoid, nn.Threshold,
+)  # fmt: skip
+"""Modules (these classes exactly, not subclasses) whose output row is a function of the
+input row alone, the same for every node type, with no parameters: applied to a whole
+table they give every type's rows, so a dict model's per-type calls of one are one op."""
 """Convs taking per-type dicts whose output for a node reads its own row and its in-edges
 only (over all relations), run on each batch's typed subgraph (:class:`DictConvLayer`)."""
 DICT_CONV_REFUSALS = {
@@ -616,8 +631,8 @@ class _Builder:
         types: set[int] = set()
         args, kwargs = self._map(node, types)
         t = self._one_type(node, types)
-        if t is None:
-            return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs))
+        if t is None or type(module) in ELEMENTWISE_MODULES:
+            return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs), t)
         if len(args) != 1 or kwargs:
             raise _error(
                 f"module '{node.target}' at {self._where(node)} takes several inputs; a "

@@ -483,6 +483,39 @@ def test_a_model_of_many_relations_equals_its_forward(num_relations, monkeypatch
     assert {relation for relation, _, _ in slices} >= {0, num_relations - 1}
 
 
+class SharedModulesPerType(nn.Module):
+    """One dropout and one activation module applied to every type's value, a per-type
+    ``Linear`` on one type, then ``HeteroConv``: the shared modules are one op over the
+    table (not one per type), the per-type ``Linear`` a ``TypedRows``."""
+
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]}, aggr="sum")
+            for _ in range(2)
+        )
+        self.act, self.drop = nn.ELU(), nn.Dropout(0.4)
+        self.lin = nn.Linear(H, H)
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.convs[0](x_dict, edge_index_dict)
+        h = {t: self.drop(self.act(v)) for t, v in h.items()}
+        t0 = sorted(h)[0]
+        h = {t: self.lin(v) if t == t0 else v for t, v in h.items()}
+        return self.convs[1](h, edge_index_dict)
+
+
+def test_shared_elementwise_modules_are_one_op_over_the_table():
+    from hopserve.worker.hetero.modules import TypedRows
+
+    data = _fake(3)
+    model = SharedModulesPerType(data.metadata())
+    check_dict_model(model, data, "shared modules")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    typed = [m.module for m in ev.model.modules() if isinstance(m, TypedRows)]
+    assert typed == [model.lin], "only the per-type Linear runs on one type's rows"
+
+
 class TorchAddSkip(nn.Module):
     """``torch.add(conv(x), lin(x))``: ``to_hetero`` keeps ``torch.add`` for the skip, the
     op it joins relations with too; the skip is not part of the relations' join."""
