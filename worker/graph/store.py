@@ -101,6 +101,7 @@ class GraphStore:
         edge_features: np.ndarray | torch.Tensor | None = None,
         edge_type: np.ndarray | torch.Tensor | None = None,
         type_node_ids: np.ndarray | None = None,
+        per_request: bool = False,
     ) -> None:
         # ``topology``: an existing view of the same arrays (a living graph's snapshot,
         # with its degrees, ID index and edge columns carried over) instead of a new one.
@@ -125,6 +126,7 @@ class GraphStore:
         self.edge_features = None if ef is None else torch.from_numpy(ef)
         et = topo.edge_type
         self.edge_type = None if et is None else torch.from_numpy(et)
+        self.per_request = per_request  # made for one request: no per-graph indexes
         self._relation_csc: RelationCSC | None = None
         self._relation_csc_lock = threading.Lock()
         self.features = _tensor(features)
@@ -514,9 +516,10 @@ class GraphStore:
     def relation_csc(self) -> RelationCSC | None:
         """Each relation's in-edges as a CSC of its own (:mod:`.relation_csc`), built on
         first use (once: concurrent first uses wait for one build); ``None`` without typed
-        edges."""
+        edges, and for a store made for one request (:attr:`per_request`: a live graph's
+        request delta), which would build it for one full layer and drop it."""
         topo = self.topology
-        if topo.edge_type is None or not self.relations:
+        if topo.edge_type is None or not self.relations or self.per_request:
             return None
         with self._relation_csc_lock:
             if self._relation_csc is None:

@@ -62,6 +62,8 @@ from hopserve.worker.hetero.modules import (
 __all__ = ["HomogeneousModel", "as_homogeneous", "homogenize", "is_dict_model"]
 
 DICT_CONVS = frozenset({"HGTConv"})
+"""Convs taking per-type dicts whose output for a node reads its own row and its in-edges
+only (over all relations), run on each batch's typed subgraph (:class:`DictConvLayer`)."""
 
 ELEMENTWISE_MODULES = (
     nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -72,9 +74,8 @@ ELEMENTWISE_MODULES = (
 )  # fmt: skip
 """Modules (these classes exactly, not subclasses) whose output row is a function of the
 input row alone, the same for every node type, with no parameters: applied to a whole
-table they give every type's rows, so a dict model's per-type calls of one are one op."""
-"""Convs taking per-type dicts whose output for a node reads its own row and its in-edges
-only (over all relations), run on each batch's typed subgraph (:class:`DictConvLayer`)."""
+table they give every type's rows, so a dict model's per-type calls of one are one op
+(unless in place or hooked: see :meth:`_Builder._module`)."""
 DICT_CONV_REFUSALS = {
     "HANConv": "its semantic-level attention averages a score over every node of a type, "
     "so a node's output depends on all nodes, not on its in-edges",
@@ -125,6 +126,43 @@ def _error(message: str) -> Exception:
     from hopserve.worker.trace.tracer import ModelTraceError
 
     return ModelTraceError(message)
+
+
+def _in_place_call(node: fx.Node) -> bool:
+    """Whether a traced call writes its first argument: ``inplace=True`` (by keyword or
+    position) or a tensor method ending in ``_`` (``relu_``, ``add_``)."""
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.startswith("_")
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        bound = inspect.signature(node.target).bind_partial(*node.args, **node.kwargs)
+    except (TypeError, ValueError):  # a builtin without a signature, or other arguments
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def _out_of_place(node: fx.Node, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """``(target, args, kwargs)`` of the out-of-place form of an in-place call.
+
+    Raises:
+        ModelTraceError: a method with no out-of-place form (naming it).
+    """
+    if node.op == "call_method":
+        name = str(node.target)[:-1]
+        if not hasattr(Tensor, name):
+            raise _error(
+                f"'{node.name}': Tensor.{node.target} writes one node type's value in place "
+                "and has no out-of-place form; write it out of place"
+            )
+        return name, args, kwargs
+    at = list(inspect.signature(node.target).parameters).index("inplace")
+    if at < len(args):  # passed by position
+        return node.target, (*args[:at], False, *args[at + 1 :]), kwargs
+    return node.target, args, {**kwargs, "inplace": False}
 
 
 def _hetero_conv_class() -> type | None:
@@ -617,7 +655,15 @@ class _Builder:
         types: set[int] = set()
         args, kwargs = self._map(node, types)
         t = self._one_type(node, types)
-        return _Value(self._emit(node.op, node.target, args, kwargs), t)
+        if t is None or not _in_place_call(node):
+            return _Value(self._emit(node.op, node.target, args, kwargs), t)
+        # In place on one type's value: its table may be other types' values too (a
+        # HeteroConv's output, the feature table), so the op runs out of place and the
+        # user's value (that type's only) now reads the result.
+        target, args, kwargs = _out_of_place(node, args, kwargs)
+        value = _Value(self._emit(node.op, target, args, kwargs), t)
+        self.values[node.args[0]] = value
+        return value
 
     def _module(self, node: fx.Node, module: nn.Module) -> _Value:
         from hopserve.worker.convs.registry import is_conv_module
@@ -631,7 +677,9 @@ class _Builder:
         types: set[int] = set()
         args, kwargs = self._map(node, types)
         t = self._one_type(node, types)
-        if t is None or type(module) in ELEMENTWISE_MODULES:
+        in_place = bool(getattr(module, "inplace", False))
+        hooked = bool(module._forward_hooks or module._forward_pre_hooks)
+        if t is None or (type(module) in ELEMENTWISE_MODULES and not in_place and not hooked):
             return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs), t)
         if len(args) != 1 or kwargs:
             raise _error(
@@ -640,7 +688,10 @@ class _Builder:
             )
         self.typed.append(TypedRows(module, t, self.layout))
         target = f"typed.{len(self.typed) - 1}"
-        return _Value(self.g.call_module(target, args), t)
+        value = _Value(self.g.call_module(target, args), t)
+        if in_place:  # on a copy of the type's rows; the user's value reads the result
+            self.values[node.args[0]] = value
+        return value
 
     def _hetero(self, node: fx.Node, conv: nn.Module) -> _Value:
         where = f"HeteroConv '{node.target}' at {self._where(node)}"

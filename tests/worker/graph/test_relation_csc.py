@@ -104,3 +104,20 @@ def test_a_typed_store_records_each_relations_source_types():
 def test_an_untyped_store_has_none():
     store = GraphStore.from_edge_index(torch.tensor([[0, 1], [1, 0]]), torch.randn(2, 3))
     assert store.relation_csc is None
+
+
+def test_a_store_made_for_one_request_builds_no_index():
+    """A live graph's request delta is a store for one request: a full layer on it scans
+    (building the index would cost O(E) per request, for one layer)."""
+    x = {"user": torch.randn(4, 3), "item": torch.randn(3, 3)}
+    edges = {("user", "clicks", "item"): torch.tensor([[0, 1, 3], [0, 0, 2]])}
+    store = GraphStore.from_hetero(x, edges)
+    once = GraphStore(
+        meta=store.meta,
+        indptr=store.indptr,
+        indices=store.indices,
+        features=store.features,
+        topology=store.topology,
+        per_request=True,
+    )
+    assert once.relation_csc is None and store.relation_csc is not None

@@ -516,6 +516,46 @@ def test_shared_elementwise_modules_are_one_op_over_the_table():
     assert typed == [model.lin], "only the per-type Linear runs on one type's rows"
 
 
+class InPlaceOnSomeTypes(nn.Module):
+    """In-place activations on some types' values of a ``HeteroConv`` output (one table
+    for every type): a module, a function with ``inplace=True`` by keyword and by position,
+    a ``relu_`` method, and a value read again after its in-place update."""
+
+    def __init__(self, metadata, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.convs = nn.ModuleList(
+            pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]}, aggr="sum")
+            for _ in range(2)
+        )
+        self.act = nn.LeakyReLU(0.2, inplace=True)
+
+    def _in_place(self, v):
+        if self.kind == "module":
+            return self.act(v)
+        if self.kind == "keyword":
+            return F.leaky_relu(v, 0.2, inplace=True)
+        if self.kind == "position":
+            return F.leaky_relu(v, 0.2, True)
+        return v.relu_()
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.convs[0](x_dict, edge_index_dict)
+        t0 = sorted(h)[0]
+        y = {t: self._in_place(v) if t == t0 else v for t, v in h.items()}
+        h = {t: y[t] + h[t] for t in h}  # h[t0] is y[t0]: read after its update
+        return self.convs[1](h, edge_index_dict)
+
+
+@pytest.mark.parametrize("kind", ["module", "keyword", "position", "method"])
+def test_an_in_place_op_on_one_types_value_leaves_the_other_types_alone(kind):
+    """The conv's output is one table for every type: an in-place op on one type's value
+    runs out of place there (review finding: a shared in-place module changed the other
+    types' rows, up to 4.2 off), and that type's value reads the result afterwards."""
+    data = _fake(4)
+    check_dict_model(InPlaceOnSomeTypes(data.metadata(), kind), data, f"in place: {kind}")
+
+
 class TorchAddSkip(nn.Module):
     """``torch.add(conv(x), lin(x))``: ``to_hetero`` keeps ``torch.add`` for the skip, the
     op it joins relations with too; the skip is not part of the relations' join."""

@@ -470,6 +470,7 @@ class LiveGraph:
                 node_ids=snap.node_ids,
                 path=snap.path,
                 topology=snap,
+                per_request=True,
             )
 
     # ------------------------------------------------------------------ features (worker)
