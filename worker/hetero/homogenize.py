@@ -74,8 +74,9 @@ ELEMENTWISE_MODULES = (
 )  # fmt: skip
 """Modules (these classes exactly, not subclasses) whose output row is a function of the
 input row alone, the same for every node type, with no parameters: applied to a whole
-table they give every type's rows, so a dict model's per-type calls of one are one op
-(unless in place or hooked: see :meth:`_Builder._module`)."""
+table they give every type's rows, so a dict model's per-type calls of one, or of copies
+of one configuration, are one op (unless in place or hooked: see
+:meth:`_Builder._module`)."""
 DICT_CONV_REFUSALS = {
     "HANConv": "its semantic-level attention averages a score over every node of a type, "
     "so a node's output depends on all nodes, not on its in-edges",
@@ -679,7 +680,13 @@ class _Builder:
         t = self._one_type(node, types)
         in_place = bool(getattr(module, "inplace", False))
         hooked = bool(module._forward_hooks or module._forward_pre_hooks)
-        if t is None or (type(module) in ELEMENTWISE_MODULES and not in_place and not hooked):
+        if type(module) in ELEMENTWISE_MODULES and not in_place and not hooked:
+            # Copies of one configuration (to_hetero's per-type copies) are one op too.
+            key = f"elementwise|{type(module).__name__}|{module.extra_repr()}|{args!r}|{kwargs!r}"
+            if key not in self.cse:
+                self.cse[key] = self._emit("call_module", f"model.{node.target}", args, kwargs)
+            return _Value(self.cse[key], t)
+        if t is None:
             return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs), t)
         if len(args) != 1 or kwargs:
             raise _error(

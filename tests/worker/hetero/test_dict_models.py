@@ -516,6 +516,32 @@ def test_shared_elementwise_modules_are_one_op_over_the_table():
     assert typed == [model.lin], "only the per-type Linear runs on one type's rows"
 
 
+class ActDrop(nn.Module):
+    """SAGE, ReLU and Dropout modules, SAGE: ``to_hetero`` copies each module per type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = pyg.SAGEConv((-1, -1), H), pyg.SAGEConv((-1, -1), 4)
+        self.act, self.drop = nn.ReLU(), nn.Dropout(0.2)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.drop(self.act(self.conv1(x, edge_index))), edge_index)
+
+
+def test_per_type_copies_of_an_elementwise_module_are_one_op():
+    """``to_hetero``'s per-type copies of ``ReLU`` and ``Dropout`` are one op each over
+    the layer's table (not three, and no merge of three tables for the next layer)."""
+    from hopserve.worker.hetero.modules import TypedMerge
+
+    data = _fake(5)
+    model = pyg.to_hetero(ActDrop(), data.metadata())
+    check_dict_model(model, data, "to_hetero copies")
+    ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
+    called = [str(n.target) for n in ev.model.graph.nodes if n.op == "call_module"]
+    assert sum(".act." in c for c in called) == 1 and sum(".drop." in c for c in called) == 1
+    assert not any(isinstance(m, TypedMerge) for m in ev.model.modules())
+
+
 class InPlaceOnSomeTypes(nn.Module):
     """In-place activations on some types' values of a ``HeteroConv`` output (one table
     for every type): a module, a function with ``inplace=True`` by keyword and by position,
