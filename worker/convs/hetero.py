@@ -392,6 +392,7 @@ class DictConvAdapter(_TypedAdapter):
                 # HeteroGraphConv's forward leaves the others out (the destination's type
                 # is the run's).
                 s = index(key[0])
+                # The store's type indices are the layout's: bind() refuses other types.
                 if split is not None and split.source_types is not None:
                     of_type = (
                         None if split.source_types[rel] <= {s} else layer.layout.is_type(src, s)
