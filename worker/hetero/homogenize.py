@@ -167,6 +167,11 @@ def _out_of_place(node: fx.Node, args: tuple, kwargs: dict) -> tuple[Any, tuple,
 
 
 def _hetero_conv_class() -> type | None:
+    """PyG's ``HeteroConv``, if PyG is imported: a model holding one has imported it, and a
+    DGL model need not pay for importing PyG (about 60 MB of modules, as the conv registry
+    avoids)."""
+    if "torch_geometric" not in sys.modules:
+        return None
     try:
         from torch_geometric.nn import HeteroConv
     except ImportError:  # pragma: no cover - PyG is a dependency
