@@ -131,12 +131,14 @@ def _error(message: str) -> Exception:
 
 def _in_place_call(node: fx.Node) -> bool:
     """Whether a traced call writes its first argument: ``inplace=True`` (by keyword or
-    position) or a tensor method ending in ``_`` (``relu_``, ``add_``)."""
+    position), a tensor method ending in ``_`` (``relu_``, ``add_``), or a torch function
+    ending in ``_`` (``torch.relu_``, ``F.leaky_relu_``)."""
     if node.op == "call_method":
-        name = str(node.target)
-        return name.endswith("_") and not name.startswith("_")
+        return _underscored(str(node.target))
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
         return False
+    if _underscored(getattr(node.target, "__name__", "")):
+        return True
     if node.kwargs.get("inplace") is True:
         return True
     try:
@@ -146,20 +148,31 @@ def _in_place_call(node: fx.Node) -> bool:
     return bound.arguments.get("inplace") is True
 
 
+def _underscored(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_")
+
+
 def _out_of_place(node: fx.Node, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
     """``(target, args, kwargs)`` of the out-of-place form of an in-place call.
 
     Raises:
-        ModelTraceError: a method with no out-of-place form (naming it).
+        ModelTraceError: an in-place method or function with no out-of-place form (naming
+            it).
     """
-    if node.op == "call_method":
-        name = str(node.target)[:-1]
-        if not hasattr(Tensor, name):
+    name = str(node.target) if node.op == "call_method" else node.target.__name__
+    if _underscored(name):
+        plain = name[:-1]
+        if node.op == "call_method":
+            target = plain if callable(getattr(Tensor, plain, None)) else None
+        else:
+            homes = (torch, torch.nn.functional)
+            target = next((getattr(m, plain) for m in homes if hasattr(m, plain)), None)
+        if target is None:
             raise _error(
-                f"'{node.name}': Tensor.{node.target} writes one node type's value in place "
-                "and has no out-of-place form; write it out of place"
+                f"'{node.name}': {name} writes one node type's value in place and has no "
+                "out-of-place form; write it out of place"
             )
-        return name, args, kwargs
+        return target, args, kwargs
     at = list(inspect.signature(node.target).parameters).index("inplace")
     if at < len(args):  # passed by position
         return node.target, (*args[:at], False, *args[at + 1 :]), kwargs

@@ -563,6 +563,8 @@ class InPlaceOnSomeTypes(nn.Module):
             return F.leaky_relu(v, 0.2, inplace=True)
         if self.kind == "position":
             return F.leaky_relu(v, 0.2, True)
+        if self.kind == "function_":
+            return torch.relu_(v)
         return v.relu_()
 
     def forward(self, x_dict, edge_index_dict):
@@ -573,7 +575,7 @@ class InPlaceOnSomeTypes(nn.Module):
         return self.convs[1](h, edge_index_dict)
 
 
-@pytest.mark.parametrize("kind", ["module", "keyword", "position", "method"])
+@pytest.mark.parametrize("kind", ["module", "keyword", "position", "method", "function_"])
 def test_an_in_place_op_on_one_types_value_leaves_the_other_types_alone(kind):
     """The conv's output is one table for every type: an in-place op on one type's value
     runs out of place there (review finding: a shared in-place module changed the other
@@ -601,3 +603,24 @@ def test_to_hetero_join_stops_below_a_residual_torch_add():
     check_dict_model(model, data, "to_hetero, torch.add skip")
     ev = LayerwiseEvaluator(model, GraphStore.from_pyg(data), progress=False)
     assert _convs_per_layer(ev) == [1]
+
+
+class ZeroesOneType(nn.Module):
+    """``zero_()`` on one type's value: an in-place method with no out-of-place form."""
+
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.conv(x_dict, edge_index_dict)
+        t0 = sorted(h)[0]
+        return {t: v.zero_() if t == t0 else v for t, v in h.items()}
+
+
+def test_an_in_place_op_without_an_out_of_place_form_is_refused_naming_it():
+    data = _fake(6)
+    model = ZeroesOneType(data.metadata())
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match=r"zero_ writes one node type's value in place"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
