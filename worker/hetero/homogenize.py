@@ -129,36 +129,66 @@ def _error(message: str) -> Exception:
     return ModelTraceError(message)
 
 
-def _in_place_call(node: fx.Node) -> bool:
-    """Whether a traced call writes its first argument: ``inplace=True`` (by keyword or
-    position), a tensor method ending in ``_`` (``relu_``, ``add_``), or a torch function
-    ending in ``_`` (``torch.relu_``, ``F.leaky_relu_``)."""
+def _written_argument(node: fx.Node) -> fx.Node | None:
+    """The value a traced call writes into, or ``None``: its ``out=`` tensor, or its
+    first argument when it is in place (``inplace=True`` by keyword or position, a tensor
+    method ending in ``_`` such as ``relu_``, a torch function ending in ``_`` such as
+    ``torch.relu_``)."""
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return None
     if node.op == "call_method":
-        return _underscored(str(node.target))
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
-        return False
-    if _underscored(getattr(node.target, "__name__", "")):
-        return True
+        return node.args[0] if _underscored(str(node.target)) else None
+    if node.op != "call_function":
+        return None
+    if _underscored(getattr(node.target, "__name__", "")) and _torch_function(node.target):
+        return node.args[0]
     if node.kwargs.get("inplace") is True:
-        return True
+        return node.args[0]
     try:
         bound = inspect.signature(node.target).bind_partial(*node.args, **node.kwargs)
     except (TypeError, ValueError):  # a builtin without a signature, or other arguments
-        return False
-    return bound.arguments.get("inplace") is True
+        return None
+    return node.args[0] if bound.arguments.get("inplace") is True else None
 
 
 def _underscored(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
+def _torch_function(target: Any) -> bool:
+    return getattr(target, "__module__", None) in ("torch", "torch.nn.functional")
+
+
+_VIEWS = frozenset(
+    {"view", "view_as", "reshape", "narrow", "select", "transpose", "t", "permute",
+     "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "split",
+     "chunk", "unbind", "diagonal", "as_strided", "detach", "__getitem__"}
+)  # fmt: skip
+
+
+def _is_view(node: fx.Node, of_tensor: bool) -> bool:
+    """Whether ``node`` may be a view of another value (an in-place write into it would
+    change that value too); ``of_tensor``: its first argument is a tensor (an item of a
+    dict, such as ``x_dict[t]``, is the value itself)."""
+    if node.op == "call_function":
+        if node.target is operator.getitem:
+            return of_tensor
+        return getattr(node.target, "__name__", "") in _VIEWS
+    return node.op == "call_method" and str(node.target) in _VIEWS
+
+
 def _out_of_place(node: fx.Node, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
-    """``(target, args, kwargs)`` of the out-of-place form of an in-place call.
+    """``(target, args, kwargs)`` of the out-of-place form of a call that writes a value.
 
     Raises:
         ModelTraceError: an in-place method or function with no out-of-place form (naming
             it).
     """
+    if "out" in kwargs:
+        return node.target, args, {k: v for k, v in kwargs.items() if k != "out"}
     name = str(node.target) if node.op == "call_method" else node.target.__name__
     if _underscored(name):
         plain = name[:-1]
@@ -173,7 +203,10 @@ def _out_of_place(node: fx.Node, args: tuple, kwargs: dict) -> tuple[Any, tuple,
                 "out-of-place form; write it out of place"
             )
         return target, args, kwargs
-    at = list(inspect.signature(node.target).parameters).index("inplace")
+    try:
+        at = list(inspect.signature(node.target).parameters).index("inplace")
+    except ValueError:  # pragma: no cover - found in place by its inplace argument
+        at = len(args)
     if at < len(args):  # passed by position
         return node.target, (*args[:at], False, *args[at + 1 :]), kwargs
     return node.target, args, {**kwargs, "inplace": False}
@@ -674,14 +707,22 @@ class _Builder:
         types: set[int] = set()
         args, kwargs = self._map(node, types)
         t = self._one_type(node, types)
-        if t is None or not _in_place_call(node):
+        written = _written_argument(node)
+        if written is None:
             return _Value(self._emit(node.op, node.target, args, kwargs), t)
-        # In place on one type's value: its table may be other types' values too (a
-        # HeteroConv's output, the feature table), so the op runs out of place and the
-        # user's value (that type's only) now reads the result.
+        # A write into a value: its table may be other types' values too (a HeteroConv's
+        # output, the feature table), and identical calls are merged, so the op runs out of
+        # place and the user's value now reads the result.
+        source = written.args[0] if written.args else None
+        of_tensor = isinstance(source, fx.Node) and self._kind(source) == "tensor"
+        if _is_view(written, of_tensor):
+            raise _error(
+                f"'{node.name}' at {self._where(node)} writes in place into a view of a value "
+                f"('{written.name}'); write it out of place"
+            )
         target, args, kwargs = _out_of_place(node, args, kwargs)
         value = _Value(self._emit(node.op, target, args, kwargs), t)
-        self.values[node.args[0]] = value
+        self.values[written] = value
         return value
 
     def _module(self, node: fx.Node, module: nn.Module) -> _Value:

@@ -624,3 +624,49 @@ def test_an_in_place_op_without_an_out_of_place_form_is_refused_naming_it():
     _forward(model, data)
     with pytest.raises(ModelTraceError, match=r"zero_ writes one node type's value in place"):
         LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
+
+
+class WritesOut(nn.Module):
+    """``torch.add(a, 1, out=a)`` on one type's value, then the same in-place call twice
+    on a value of no type (two identical calls: both count)."""
+
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
+        self.w = nn.Parameter(torch.randn(H))
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.conv(x_dict, edge_index_dict)
+        t0 = sorted(h)[0]
+        torch.add(h[t0], 1.0, out=h[t0])
+        c = self.w * 1.0
+        c.add_(1.0)
+        c.add_(1.0)
+        return {t: v + c for t, v in h.items()}
+
+
+def test_writes_through_out_and_repeated_in_place_calls_are_kept():
+    """Review findings: ``out=`` wrote into the table every type shares, and two identical
+    in-place calls on an untyped value were merged into one."""
+    data = _fake(7)
+    check_dict_model(WritesOut(data.metadata()), data, "out= and repeated in-place calls")
+
+
+class WritesIntoAView(nn.Module):
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.conv(x_dict, edge_index_dict)
+        t0 = sorted(h)[0]
+        h[t0][:, :2].relu_()
+        return h
+
+
+def test_an_in_place_write_into_a_view_is_refused_naming_it():
+    data = _fake(8)
+    model = WritesIntoAView(data.metadata())
+    _forward(model, data)
+    with pytest.raises(ModelTraceError, match=r"writes in place into a view of a value"):
+        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
