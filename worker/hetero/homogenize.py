@@ -741,7 +741,8 @@ class _Builder:
         hooked = bool(module._forward_hooks or module._forward_pre_hooks)
         if type(module) in ELEMENTWISE_MODULES and not in_place and not hooked:
             # Copies of one configuration (to_hetero's per-type copies) are one op too.
-            key = f"elementwise|{type(module).__name__}|{module.extra_repr()}|{args!r}|{kwargs!r}"
+            config = (type(module), module.extra_repr(), module.training)
+            key = f"elementwise|{config!r}|{args!r}|{kwargs!r}"
             if key not in self.cse:
                 self.cse[key] = self._emit("call_module", f"model.{node.target}", args, kwargs)
             return _Value(self.cse[key], t)
