@@ -125,3 +125,16 @@ def build_family(
         if tweak is not None:
             tweak(m)
     return model.eval()
+
+
+def spy_relation_slices(monkeypatch) -> list[tuple[int, int, int]]:  # noqa: ANN001
+    """The ``(relation, start, end)`` of every per-relation CSC slice
+    (:meth:`~hopserve.worker.graph.relation_csc.RelationCSC.in_edges`) read from now on."""
+    from hopserve.worker.graph.relation_csc import RelationCSC
+
+    slices: list[tuple[int, int, int]] = []
+    in_edges = RelationCSC.in_edges
+    monkeypatch.setattr(
+        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
+    )
+    return slices

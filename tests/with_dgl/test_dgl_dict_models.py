@@ -14,7 +14,7 @@ dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-e
 
 import dgl.nn.pytorch as dglnn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from support import assert_exact  # noqa: E402
+from support import assert_exact, spy_relation_slices  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hopserve import GraphStore, LayerwiseEvaluator  # noqa: E402
@@ -301,13 +301,7 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(
     stored table (narrower types: a compact table; a full layer's relation edges a slice
     of the store's per-relation CSC), exact full and partial in batches of a few nodes;
     the rest runs on the typed subgraph, exact too."""
-    from hopserve.worker.graph.relation_csc import RelationCSC
-
-    slices = []
-    in_edges = RelationCSC.in_edges
-    monkeypatch.setattr(
-        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
-    )
+    slices = spy_relation_slices(monkeypatch)
     g = _heterograph(5, counts=(60, 70, 4), edges=(200, 200, 40, 70))
     torch.manual_seed(5)
     model = BiasedRGCN(kinds, aggregate).eval()
@@ -329,18 +323,6 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(
         rows.append(w[pick])
     got = ev.evaluate(targets=torch.cat(targets))
     assert_exact(got[:, : rows[0].shape[1]], torch.cat(rows), f"{kinds} {aggregate} partial")
-
-
-def _spy_slices(monkeypatch) -> list[tuple[int, int, int]]:
-    """The ``(relation, start, end)`` of every per-relation CSC slice read from now on."""
-    from hopserve.worker.graph.relation_csc import RelationCSC
-
-    slices = []
-    in_edges = RelationCSC.in_edges
-    monkeypatch.setattr(
-        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
-    )
-    return slices
 
 
 def _graph_convs(relations, a: int, b: int) -> dict[str, nn.Module]:
@@ -369,7 +351,7 @@ def test_a_model_of_many_relations_equals_its_forward(monkeypatch):
     """42 relations: the load-time probe graph may lack the last ones (its batches scan);
     the store's full layers read its per-relation CSC (review finding: an IndexError at
     load)."""
-    slices = _spy_slices(monkeypatch)
+    slices = spy_relation_slices(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     n = {"a": 50, "b": 30}
     rels = [("a", f"r{k}", "a" if k % 2 else "b") for k in range(41)] + [("b", "back", "a")]
@@ -401,7 +383,7 @@ def test_dict_models_on_a_live_graph_equal_their_forward(tmp_path, monkeypatch):
 
     from hopserve.worker.graph.live import LiveGraph
 
-    slices = _spy_slices(monkeypatch)
+    slices = spy_relation_slices(monkeypatch)
 
     torch.manual_seed(0)
     first = {  # user (3 wide) -> item, item (5 wide) -> user

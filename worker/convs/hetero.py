@@ -120,15 +120,8 @@ class HeteroLayerAdapter(_TypedAdapter):
                 outs = []
                 for k in by_dst[t]:
                     relation = layer.calls[k].relation
-                    if split is not None:
-                        ends = (batch.dst_start + a, batch.dst_start + b)
-                        indptr, src = split.in_edges(relation, *ends)
-                        src, dst = src.long(), None
-                    else:
-                        on = (edge_type[e0:e1] == relation).nonzero().squeeze(1).add_(e0)
-                        src = src_index.index_select(0, on)
-                        dst, indptr = batch.dst_index.index_select(0, on).sub_(a), None
-                    outs.append(self._relation_in_place(layer, k, x, x_dst, src, dst, indptr))
+                    edges = _run_edges(batch, split, edge_type, relation, (a, b, e0, e1))
+                    outs.append(self._relation_in_place(layer, k, x, x_dst, *edges))
                 y = group_relations(outs, layer.aggr)
                 out[a:b, : y.shape[1]] = y
             return out
@@ -237,6 +230,27 @@ def _relation_split(batch: LayerBatch, x: Tensor, layout: Any) -> RelationCSC | 
     if any(relation_triple(r) != t for r, t in zip(relations, layout.relations, strict=True)):
         return None
     return getattr(graph, "relation_csc", None)
+
+
+def _run_edges(
+    batch: LayerBatch,
+    split: RelationCSC | None,
+    edge_type: Tensor | None,
+    relation: int,
+    run: tuple[int, int, int, int],
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(src, dst, indptr)``: relation ``relation``'s in-edges of a run of destinations of
+    ``batch`` (``run``: its first and end destination and edge, :func:`_destination_runs`;
+    global sources: storage ids), grouped by destination. From the per-relation CSC
+    ``split``: CSC offsets ``indptr``, ``dst`` ``None``; else by a scan of the batch's
+    relation ids ``edge_type``: the run's positions ``dst``, ``indptr`` ``None``."""
+    a, b, e0, e1 = run
+    if split is not None:
+        indptr, src = split.in_edges(relation, batch.dst_start + a, batch.dst_start + b)
+        return src.long(), None, indptr
+    on = (edge_type[e0:e1] == relation).nonzero().squeeze(1).add_(e0)
+    dst = batch.dst_index.index_select(0, on).sub_(a)
+    return batch.src_index.index_select(0, on), dst, None
 
 
 def _destinations(indptr: Tensor) -> Tensor:
@@ -379,26 +393,15 @@ class DictConvAdapter(_TypedAdapter):
             x_dst = x_dst_rows[a:b, : layer.in_widths[t]]
             outs = []
             for rel, key in relations:
-                if split is not None:
-                    indptr, src = split.in_edges(rel, batch.dst_start + a, batch.dst_start + b)
-                    src = src.long()
-                else:
-                    on = (edge_type[e0:e1] == rel).nonzero().squeeze(1).add_(e0)
-                    src = batch.src_index.index_select(0, on)
-                    dst = batch.dst_index.index_select(0, on).sub_(a)
-                    indptr = None
+                src, dst, indptr = _run_edges(batch, split, edge_type, rel, (a, b, e0, e1))
                 # A typed store's relation edges start at its source type; a store built
                 # from a bare edge list with types (the load-time probe graph) need not, and
                 # HeteroGraphConv's forward leaves the others out (the destination's type
                 # is the run's).
                 s = index(key[0])
                 # The store's type indices are the layout's: bind() refuses other types.
-                if split is not None and split.source_types is not None:
-                    of_type = (
-                        None if split.source_types[rel] <= {s} else layer.layout.is_type(src, s)
-                    )
-                else:
-                    of_type = layer.layout.is_type(src, s)
+                kinds = split.source_types if split is not None else None
+                of_type = None if kinds and kinds[rel] <= {s} else layer.layout.is_type(src, s)
                 if of_type is not None and not bool(of_type.all()):
                     if indptr is not None:
                         dst = _destinations(indptr)

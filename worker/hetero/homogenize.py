@@ -19,6 +19,9 @@ rebuilt as a table over all rows, meaningful on its type's rows
   which is the same module on the table, as a function is: the per-type ``dropout`` of
   DGL's rgcn-hetero example layer is one op, and what reads it (the next layer's
   self-loop ``matmul``) one op, not one per type;
+- a write into a value (in place, ``out=``) runs out of place and the value reads the
+  result: a table may be several types' values, and identical calls are made once; a
+  write into a view of a value is refused;
 - the model's output (one type's value, or a dict of them) is one table; the types it
   holds are the model's output types (:attr:`HomogeneousModel.output_types`).
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from support import assert_exact
+from support import assert_exact, spy_relation_slices
 from torch import nn
 from torch_geometric import nn as pyg
 from torch_geometric.data import HeteroData
@@ -431,14 +431,9 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(monkeypatch):
     relation's edges of a full layer's batch a slice of the store's per-relation CSC, exact
     on graphs whose types have different widths (a narrower type's rows gathered)."""
     from hopserve.worker.convs.hetero import HeteroLayerAdapter
-    from hopserve.worker.graph.relation_csc import RelationCSC
 
-    calls, slices = [], []
+    calls, slices = [], spy_relation_slices(monkeypatch)
     original = HeteroLayerAdapter._relation_in_place
-    in_edges = RelationCSC.in_edges
-    monkeypatch.setattr(
-        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
-    )
 
     def spy(layer, k, x, x_dst, src, dst, indptr):
         calls.append(layer.in_widths[layer.calls[k].src] == x.shape[1])
@@ -463,13 +458,7 @@ def test_a_model_of_many_relations_equals_its_forward(num_relations, monkeypatch
     last ones: its batches scan their relation ids, the store's read the store's
     per-relation CSC (review finding: slicing the probe's index by the layer's ids raised
     IndexError at load for 42 and 67 relations)."""
-    from hopserve.worker.graph.relation_csc import RelationCSC
-
-    slices = []
-    in_edges = RelationCSC.in_edges
-    monkeypatch.setattr(
-        RelationCSC, "in_edges", lambda self, *a: slices.append(a) or in_edges(self, *a)
-    )
+    slices = spy_relation_slices(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     n = {"a": 50, "b": 30}
     data = HeteroData()
@@ -605,27 +594,6 @@ def test_to_hetero_join_stops_below_a_residual_torch_add():
     assert _convs_per_layer(ev) == [1]
 
 
-class ZeroesOneType(nn.Module):
-    """``zero_()`` on one type's value: an in-place method with no out-of-place form."""
-
-    def __init__(self, metadata) -> None:
-        super().__init__()
-        self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
-
-    def forward(self, x_dict, edge_index_dict):
-        h = self.conv(x_dict, edge_index_dict)
-        t0 = sorted(h)[0]
-        return {t: v.zero_() if t == t0 else v for t, v in h.items()}
-
-
-def test_an_in_place_op_without_an_out_of_place_form_is_refused_naming_it():
-    data = _fake(6)
-    model = ZeroesOneType(data.metadata())
-    _forward(model, data)
-    with pytest.raises(ModelTraceError, match=r"zero_ writes one node type's value in place"):
-        LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
-
-
 class WritesOut(nn.Module):
     """``torch.add(a, 1, out=a)`` on one type's value, then the same in-place call twice
     on a value of no type (two identical calls: both count)."""
@@ -652,21 +620,34 @@ def test_writes_through_out_and_repeated_in_place_calls_are_kept():
     check_dict_model(WritesOut(data.metadata()), data, "out= and repeated in-place calls")
 
 
-class WritesIntoAView(nn.Module):
-    def __init__(self, metadata) -> None:
+class WritesOneType(nn.Module):
+    """A write into one type's value the rebuild cannot run out of place: ``zero_()`` (no
+    out-of-place form), or ``relu_()`` into a view of the value."""
+
+    def __init__(self, metadata, kind: str) -> None:
         super().__init__()
+        self.kind = kind
         self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
 
     def forward(self, x_dict, edge_index_dict):
         h = self.conv(x_dict, edge_index_dict)
         t0 = sorted(h)[0]
-        h[t0][:, :2].relu_()
-        return h
+        if self.kind == "view":
+            h[t0][:, :2].relu_()
+            return h
+        return {t: v.zero_() if t == t0 else v for t, v in h.items()}
 
 
-def test_an_in_place_write_into_a_view_is_refused_naming_it():
-    data = _fake(8)
-    model = WritesIntoAView(data.metadata())
+@pytest.mark.parametrize(
+    ("kind", "seed", "match"),
+    [
+        ("no out-of-place form", 6, r"zero_ writes one node type's value in place"),
+        ("view", 8, r"writes in place into a view of a value"),
+    ],
+)
+def test_a_write_the_rebuild_cannot_run_out_of_place_is_refused_naming_it(kind, seed, match):
+    data = _fake(seed)
+    model = WritesOneType(data.metadata(), kind)
     _forward(model, data)
-    with pytest.raises(ModelTraceError, match=r"writes in place into a view of a value"):
+    with pytest.raises(ModelTraceError, match=match):
         LayerwiseEvaluator(model.eval(), GraphStore.from_pyg(data), progress=False)
