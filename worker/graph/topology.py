@@ -30,7 +30,7 @@ from hopserve.worker.graph.format import (
 )
 from hopserve.worker.graph.ids import IdIndex
 
-__all__ = ["GraphTopology", "as_id_array"]
+__all__ = ["GraphTopology", "as_id_array", "build_csr"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class GraphTopology:
         self.edge_features = edge_features
         self.edge_type = edge_type
         self.path = None if path is None else Path(path)
+        self._out_csr: tuple[np.ndarray, np.ndarray] | None = None  # set atomically, once
         n, e = meta.num_nodes, meta.num_edges
         d_e = meta.edge_feature_dim
         where = str(self.path) if self.path else "graph"
@@ -309,6 +310,36 @@ class GraphTopology:
         """int64 ``[N]``: number of out-edges (occurrences as a source) of each node."""
         return np.bincount(self.indices, minlength=self.num_nodes).astype(np.int64, copy=False)
 
+    @property
+    def out_csr(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(out_indptr, out_indices)``: the CSR (out-edges by source, destinations
+        ascending), once built (:meth:`ensure_out_edges`), else ``None``."""
+        return self._out_csr
+
+    @property
+    def out_indptr(self) -> np.ndarray | None:
+        """CSR offsets ``[N+1]`` (out-edges), once built."""
+        return None if self._out_csr is None else self._out_csr[0]
+
+    @property
+    def out_indices(self) -> np.ndarray | None:
+        """CSR destinations ``[E]``, ascending per source, once built."""
+        return None if self._out_csr is None else self._out_csr[1]
+
+    def ensure_out_edges(self) -> None:
+        """Build the CSR once (``O(E log E)``; a living graph's later snapshots splice it)."""
+        if self._out_csr is None:
+            self._out_csr = build_csr(self.indptr, self.indices, self.num_nodes)
+
+    def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
+        """Out-neighbours of storage ids ``nodes`` (concatenated, with repeats)."""
+        from hopserve.worker.graph.planner import segment_positions
+
+        self.ensure_out_edges()
+        out_indptr, out_indices = self._out_csr
+        pos, _ = segment_positions(out_indptr, np.asarray(nodes, dtype=np.int64))
+        return out_indices[pos].astype(np.int64, copy=False)
+
     @cached_property
     def self_loop_counts(self) -> np.ndarray:
         """int64 ``[N]``: self-loops (edges ``v -> v``) of each node. ``O(E)`` once."""
@@ -362,3 +393,12 @@ class GraphTopology:
             f"GraphTopology(nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
             f"ordering={self.ordering}, version={self.version[:12]}{where})"
         )
+
+
+def build_csr(indptr: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (out-edges grouped by source, destinations ascending) of a CSC. ``O(E log E)``."""
+    dst = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
+    order = np.argsort(indices, kind="stable")  # by source; destinations stay ascending
+    out_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices, minlength=n), out=out_indptr[1:])
+    return out_indptr, dst[order]

@@ -33,7 +33,7 @@ from hopserve.worker.graph.format import (
 from hopserve.worker.graph.ids import IdIndex
 from hopserve.worker.graph.live.mutations import InvalidUpdateError, ResolvedBatch
 from hopserve.worker.graph.planner import segment_positions
-from hopserve.worker.graph.topology import GraphTopology
+from hopserve.worker.graph.topology import GraphTopology, build_csr
 
 __all__ = ["GraphSnapshot", "LiveIdIndex", "apply_batch", "build_csr", "splice_csc"]
 
@@ -170,33 +170,6 @@ class GraphSnapshot(GraphTopology):
             out[i] = j < seg.size and seg[j] == s
         return out
 
-    @property
-    def out_indptr(self) -> np.ndarray | None:
-        """CSR offsets ``[N+1]`` (out-edges), once built."""
-        return None if self._out_csr is None else self._out_csr[0]
-
-    @property
-    def out_indices(self) -> np.ndarray | None:
-        """CSR destinations ``[E]``, ascending per source, once built."""
-        return None if self._out_csr is None else self._out_csr[1]
-
-    @property
-    def out_csr(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(out_indptr, out_indices)`` read together, or ``None``."""
-        return self._out_csr
-
-    def ensure_out_edges(self) -> None:
-        """Build the CSR (once; later snapshots splice it)."""
-        if self._out_csr is None:
-            self._out_csr = build_csr(self.indptr, self.indices, self.num_nodes)
-
-    def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
-        """Out-neighbours of ``nodes`` (concatenated, with repeats)."""
-        self.ensure_out_edges()
-        out_indptr, out_indices = self._out_csr
-        pos, _ = segment_positions(out_indptr, nodes)
-        return out_indices[pos].astype(np.int64, copy=False)
-
     @cached_property
     def sorted_external_order(self) -> np.ndarray:
         return self.id_index.sorted_order()
@@ -214,15 +187,6 @@ def _edge_columns(meta: GraphMeta, path) -> tuple[np.ndarray | None, ...]:  # no
     if meta.relations is not None:
         types = load_array(path, EDGE_TYPE_FILE, dtype=np.int16, shape=(e,))
     return weight, features, types
-
-
-def build_csr(indptr: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (out-edges grouped by source, destinations ascending) of a CSC. ``O(E log E)``."""
-    dst = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
-    order = np.argsort(indices, kind="stable")  # by source; destinations stay ascending
-    out_indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(indices, minlength=n), out=out_indptr[1:])
-    return out_indptr, dst[order]
 
 
 def splice_csc(
