@@ -314,6 +314,9 @@ class ModelStatus:
     """Whether a conv reads the out-degrees of edge sources (DGL ``GraphConv``'s norm):
     then a changed edge's source's out-neighbours are invalidated too; PyG's ``gcn_norm``
     reads in-degrees only. ``True`` when unknown."""
+    reads_out_edges: bool = False
+    """Whether a row reads out-neighbours too (the node-wise fallback's field both ways,
+    e.g. ``DirGNNConv``): a change then reaches in-neighbours as well as out-neighbours."""
     layer_cache_rows: int = 0
     """Hub rows the worker keeps per intermediate layer (``engine.layer_cache_rows``; 0 =
     no layer cache). Such a worker plans exact jobs itself, where frontiers stop at its

@@ -61,7 +61,7 @@ from hopserve.worker.graph.live.mutations import encode as encode_mutations
 from hopserve.worker.graph.live.mutations import resolve as resolve_mutations
 from hopserve.worker.graph.live.snapshot import apply_batch
 from hopserve.worker.graph.node_types import type_of
-from hopserve.worker.graph.planner import plan_frontiers
+from hopserve.worker.graph.planner import field_balls
 
 __all__ = ["MAX_CHUNK_BYTES", "EmbeddingService"]
 
@@ -461,7 +461,10 @@ class EmbeddingService(embedding_pb2_grpc.EmbeddingServiceServicer):
         if query.delta is not None:
             topology = (await asyncio.to_thread(query.delta.bind(query.ids), topology))[1]
         hub = self.config.hub_degree
-        prints = await asyncio.to_thread(footprints, topology, query.storage, model.num_layers)
+        both_ways = bool(getattr(model.status, "reads_out_edges", False))
+        prints = await asyncio.to_thread(
+            footprints, topology, query.storage, model.num_layers, both_ways
+        )
         return [
             pb.TargetFootprint(frontier_sizes=sizes, max_degree=degree, hub=degree >= hub)
             for sizes, degree in prints
@@ -762,15 +765,21 @@ def _delta_of(model: ServedModel, request: pb.GetEmbeddingsRequest, key: BatchKe
     )
 
 
-def footprints(topology, storage: np.ndarray, num_layers: int) -> list[tuple[list[int], int]]:  # noqa: ANN001
-    """Per target: ``|V^0| … |V^L|`` planned for it alone, and the largest in-degree
-    among ``V^1 … V^L`` (the nodes whose aggregations it needs)."""
+def footprints(
+    topology,  # noqa: ANN001
+    storage: np.ndarray,
+    num_layers: int,
+    both_ways: bool = False,
+) -> list[tuple[list[int], int]]:
+    """Per target: ``|V^0| … |V^L|`` planned for it alone (``both_ways``: over in- and
+    out-edges, a node-wise field reading out-neighbours), and the largest in-degree among
+    ``V^1 … V^L`` (the nodes whose aggregations it needs)."""
     degrees = topology.in_degrees
     out = []
     for target in storage.tolist():
-        plan = plan_frontiers(topology, np.array([target]), num_layers, shortcut=False)
-        sizes = plan.sizes(topology.num_nodes)
-        nodes = plan.layers[1].nodes if num_layers else None
+        balls = field_balls(topology, np.array([target]), num_layers, both_ways)
+        sizes = [int(b.size) for b in reversed(balls)]
+        nodes = balls[-2] if num_layers else None
         top = int(degrees[nodes].max()) if nodes is not None and nodes.size else 0
         out.append((sizes, top))
     return out

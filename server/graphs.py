@@ -47,14 +47,15 @@ COMPACT_AFTER_BATCHES = 10_000
 """Logged batches after which a graph is compacted automatically (0 = never)."""
 
 
-def model_kind(model) -> tuple[int, bool, bool]:  # noqa: ANN001 - a ServedModel
-    """``(num_layers, degree_normalized, reads_source_degrees)`` of a ready model: what
-    its invalidation set depends on."""
+def model_kind(model) -> tuple[int, bool, bool, bool]:  # noqa: ANN001 - a ServedModel
+    """``(num_layers, degree_normalized, reads_source_degrees, reads_out_edges)`` of a
+    ready model: what its invalidation set depends on."""
     status = model.status
     return (
         int(model.num_layers),
         bool(getattr(status, "degree_normalized", True)),
         bool(getattr(status, "reads_source_degrees", True)),
+        bool(getattr(status, "reads_out_edges", False)),
     )
 
 

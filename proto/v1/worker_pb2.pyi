@@ -116,7 +116,7 @@ class JobResult(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., dim: _Optional[int] = ..., dtype: _Optional[_Union[_embedding_pb2.DType, str]] = ..., embeddings: _Optional[bytes] = ..., num_rows: _Optional[int] = ..., model_version: _Optional[str] = ..., graph_version: _Optional[str] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., graph_seq: _Optional[int] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description", "graph_seq", "degree_normalized", "reads_source_degrees", "layer_cache_rows", "output_types", "output_dims")
+    __slots__ = ("name", "version", "dim", "num_layers", "graph_version", "graph_num_nodes", "reads_input_frontier", "mode", "blocks", "description", "graph_seq", "degree_normalized", "reads_source_degrees", "layer_cache_rows", "output_types", "output_dims", "reads_out_edges")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class LoadedModel(_message.Message):
     LAYER_CACHE_ROWS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DIMS_FIELD_NUMBER: _ClassVar[int]
+    READS_OUT_EDGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     dim: int
@@ -149,7 +150,8 @@ class LoadedModel(_message.Message):
     layer_cache_rows: int
     output_types: _containers.RepeatedScalarFieldContainer[str]
     output_dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., graph_seq: _Optional[int] = ..., degree_normalized: _Optional[bool] = ..., reads_source_degrees: _Optional[bool] = ..., layer_cache_rows: _Optional[int] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dims: _Optional[_Iterable[int]] = ...) -> None: ...
+    reads_out_edges: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., graph_version: _Optional[str] = ..., graph_num_nodes: _Optional[int] = ..., reads_input_frontier: _Optional[bool] = ..., mode: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[_embedding_pb2.BlockInfo, _Mapping]]] = ..., description: _Optional[str] = ..., graph_seq: _Optional[int] = ..., degree_normalized: _Optional[bool] = ..., reads_source_degrees: _Optional[bool] = ..., layer_cache_rows: _Optional[int] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dims: _Optional[_Iterable[int]] = ..., reads_out_edges: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "device", "models", "inflight_jobs", "queued_jobs", "device_memory_used_bytes", "device_memory_total_bytes", "device_memory_peak_bytes")

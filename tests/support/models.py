@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import (
     APPNP,
+    DirGNNConv,
     EdgeConv,
     FAConv,
     GATConv,
@@ -256,6 +257,20 @@ class LinAPPNP(nn.Module):
 
     def forward(self, x, edge_index):
         return self.prop(self.lin(x), edge_index)
+
+
+class DirGCN(nn.Module):
+    """Two ``DirGNNConv(GCNConv)`` layers: each node aggregates its in- *and*
+    out-neighbours (Rossi et al. 2023), which only the node-wise fallback serves, over a
+    receptive field running both ways."""
+
+    def __init__(self, d_in: int, hidden: int = 16, d_out: int = 5):
+        super().__init__()
+        self.c1 = DirGNNConv(GCNConv(d_in, hidden), alpha=0.4)
+        self.c2 = DirGNNConv(GCNConv(hidden, d_out), alpha=0.7)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
 
 FAMILIES = {

@@ -60,17 +60,28 @@ def test_nodewise_matches_forward(graph, family):
     assert_exact(ev.evaluate(targets), want[targets], f"{family} node-wise partial")
 
 
-@pytest.mark.parametrize("model_cls", [APPNPNet, DegreeScaled])
-def test_fallback_serves_refused_dgl_models(graph, model_cls):
+@pytest.mark.parametrize(("model_cls", "hops"), [(APPNPNet, None), (DegreeScaled, 1)])
+def test_fallback_serves_refused_dgl_models(graph, model_cls, hops):
     edge_index, x, store = graph
     torch.manual_seed(0)
     model = model_cls().eval()
     with pytest.raises(ModelTraceError):
         LayerwiseEvaluator(model, store)
-    ev = make_evaluator(model, store, fallback="nodewise", hops=1)
+    ev = make_evaluator(model, store, fallback="nodewise", hops=hops)
     assert ev.mode == "nodewise"
+    assert ev.hops == (3 if hops is None else hops)  # APPNPConv's k
+    ev.batch_size = 16  # fields far smaller than the graph
     want = DGL.forward(model, edge_index, x)
     assert_exact(ev.evaluate(), want, f"{model_cls.__name__} fallback")
+
+
+def test_fallback_refuses_a_field_too_small_for_the_model(graph):
+    """APPNP propagates 3 hops: served with hops=1 its rows would be wrong, so the
+    load-time probe refuses it (it was served, and only a test whose one batch held the
+    whole graph agreed with the forward)."""
+    _, _, store = graph
+    with pytest.raises(ValueError, match="more hops than 1"):
+        make_evaluator(APPNPNet().eval(), store, fallback="nodewise", hops=1)
 
 
 def test_nodewise_refuses_zero_in_degree_like_dgl(graph):

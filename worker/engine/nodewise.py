@@ -22,6 +22,18 @@ gets the store's rows of the subgraph's edges (their CSC positions); the sink's 
 weight 1 and zero features, and reach only the sink and the outer ring, whose outputs no
 target reads. A graph without the column refuses the model, naming the argument.
 
+Both ways: a model whose rows read out-neighbours too (``DirGNNConv``, a ``forward`` that
+flips or symmetrizes ``edge_index``) gets its field over in- *and* out-edges: the nodes
+within :math:`R` hops either way, and every in- and out-edge of the nodes within
+:math:`R-1`.
+
+Checked at load (:meth:`NodewiseEvaluator.check_field`): on a sparse probe graph, the
+node-wise rows of every node, a few targets a forward, must equal the model's own
+full-graph forward, with the field over in-edges or else both ways. A model whose rows
+depend on nodes outside any :math:`R`-hop field (a graph-level normalization such as
+``GraphNorm``, global attention or pooling, ``WLConv``'s colouring, a receptive field
+larger than the ``hops`` given) is refused with the error, never served inexactly.
+
 This is the fallback for models the layer-wise engine refuses, and the node-wise
 baseline of the benchmarks.
 """
@@ -38,7 +50,16 @@ from torch import Tensor, nn
 
 from hopserve.proto.contract import BlockInfo, LayerStats, RunStats
 from hopserve.worker.convs.base import NODE_COLUMNS, fresh_conv_caches, served_edge_values
-from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers, segment_positions
+from hopserve.worker.graph.planner import (
+    LayerFrontier,
+    Plan,
+    field_edges,
+    receptive_field,
+)
+
+PROBE_NODES = 150  # the field check's probe graph: sparse, so an R-hop field is a fraction
+PROBE_DEGREE = 2
+PROBE_BATCH = 3  # targets a probe forward
 
 _DEGREE_FREE = {
     "SAGEConv",
@@ -49,9 +70,27 @@ _DEGREE_FREE = {
     "TransformerConv",
     "EdgeConv",
 }
-_HOPS_ATTR = {"APPNP": "K", "SGConv": "K", "SSGConv": "K", "TAGConv": "K", "MixHopConv": None}
-# DGL's K-hop convs keep K as ``_k`` (SGConv and TAGConv share PyG's class names).
-_DGL_HOPS_ATTR = {"APPNPConv": "_k", "SGConv": "_k", "TAGConv": "_k"}
+_HOPS = {
+    "torch_geometric:APPNP": lambda m: m.K,
+    "torch_geometric:SGConv": lambda m: m.K,
+    "torch_geometric:SSGConv": lambda m: m.K,
+    "torch_geometric:TAGConv": lambda m: m.K,
+    "torch_geometric:MixHopConv": lambda m: max(m.powers),
+    "torch_geometric:ChebConv": lambda m: len(m.lins),  # K terms: K - 1 hops (K is safe)
+    "torch_geometric:AntiSymmetricConv": lambda m: m.num_iters,
+    "torch_geometric:GatedGraphConv": lambda m: m.num_layers,
+    "torch_geometric:ARMAConv": lambda m: m.num_layers,
+    "torch_geometric:PANConv": lambda m: m.filter_size,
+    "dgl:APPNPConv": lambda m: m._k,
+    "dgl:SGConv": lambda m: m._k,
+    "dgl:TAGConv": lambda m: m._k,
+    "dgl:ChebConv": lambda m: m._k,
+    "dgl:GatedGraphConv": lambda m: m._n_steps,
+    "dgl:TWIRLSConv": lambda m: m.prop_step,
+    "dgl:TWIRLSUnfoldingAndAttention": lambda m: m.prop_step,
+    "dgl:GroupRevRes": lambda m: m.groups,  # its inner conv once per feature group
+}
+"""``library:Class`` -> the hops one call of the module propagates (others: 1)."""
 
 
 def infer_hops(model: nn.Module) -> int | None:
@@ -68,26 +107,36 @@ def infer_hops(model: nn.Module) -> int | None:
         hops = 0
         if node in traced.conv_nodes:
             module = traced.conv_module(node)
-            attr = _HOPS_ATTR.get(type(module).__name__)
-            if type(module).__module__.startswith("dgl."):
-                attr = _DGL_HOPS_ATTR.get(type(module).__name__)
-            hops = int(getattr(module, attr, 1)) if attr else 1
-            if type(module).__name__ == "MixHopConv":
-                hops = max(module.powers)
+            library = type(module).__module__.split(".")[0]
+            hops_of = _HOPS.get(f"{library}:{type(module).__name__}")
+            hops = int(hops_of(module)) if hops_of is not None else 1
         depth[node] = base + hops
     return max(depth.values())
 
 
-def needs_degree_hop(model: nn.Module) -> bool:
-    """Whether any conv may read whole-graph degrees (adds one hop of field)."""
-    if "torch_geometric" not in sys.modules:  # no PyG module in the model (DGL convs read
-        return False  # out-degrees: see the sink)
-    from torch_geometric.nn import MessagePassing
+_DGL_DEGREE_FREE = {"SAGEConv", "GATConv", "GATv2Conv", "GINConv", "EdgeConv", "DotGatConv"}
+"""DGL convs reading no node's degree; ``GraphConv``'s source out-degrees come from the
+sink (module doc), its destination in-degrees are complete inside the field."""
 
-    return any(
-        isinstance(m, MessagePassing) and type(m).__name__ not in _DEGREE_FREE
-        for m in model.modules()
-    )
+
+def needs_degree_hop(model: nn.Module) -> bool:
+    """Whether any conv may read whole-graph degrees (adds one hop of field): a PyG
+    ``MessagePassing`` or a DGL conv not known to be degree-free (DGL ``APPNPConv``,
+    ``SGConv``, ``TAGConv``, ``ChebConv`` normalize by their sources' in-degrees)."""
+    message_passing = None
+    if "torch_geometric" in sys.modules:
+        from torch_geometric.nn import MessagePassing as message_passing
+    for m in model.modules():
+        name = type(m).__name__
+        if message_passing is not None and isinstance(m, message_passing):
+            free = name in _DEGREE_FREE
+        elif type(m).__module__.startswith("dgl.nn.pytorch.conv"):
+            free = name in _DGL_DEGREE_FREE or name == "GraphConv"
+        else:
+            continue
+        if not free:
+            return True
+    return False
 
 
 def model_style(model: nn.Module) -> str:
@@ -162,6 +211,7 @@ class NodewiseEvaluator:
         if self.style == "dgl":
             self._check_dgl(model)
         self.last_stats: RunStats | None = None
+        self.both_ways = self.check_field()
 
     mode = "nodewise"
     reads_input_frontier = False  # plans carry the targets only
@@ -172,7 +222,74 @@ class NodewiseEvaluator:
         return int(self.hops)
 
     def describe(self) -> str:
-        return f"node-wise fallback (receptive field {self.hops} hops)"
+        way = "in- and out-" if self.both_ways else "in-"
+        return f"node-wise fallback (receptive field {self.hops} hops over {way}edges)"
+
+    def check_field(self) -> bool:
+        """Whether the receptive field must run both ways, from a probe graph: node-wise
+        rows equal the model's own forward with the field over in-edges (``False``) or
+        else over in- and out-edges (``True``).
+
+        Raises:
+            ValueError: neither does (the model reads nodes outside any ``hops``-hop
+                field), or the model fails on a field's subgraph.
+        """
+        from hopserve.worker.engine.self_check import matches_forward
+        from hopserve.worker.trace.probe import call_model, probe_store
+
+        g = self.graph
+        relations = g.meta.relations
+        types = g.meta.node_types
+        probe = probe_store(
+            self.model,
+            self.style,
+            self.edge_args,
+            g.feature_dim,
+            edge_feature_dim=None if g.edge_features is None else int(g.edge_features.shape[1]),
+            num_relations=None if relations is None else len(relations),
+            num_node_types=None if types is None else len(types),
+            num_nodes=PROBE_NODES,
+            degree=PROBE_DEGREE,
+        )
+        dev = self.device
+        try:
+            with torch.no_grad(), fresh_conv_caches(self.model):
+                edge = {k: v.to(dev) for k, v in probe.edge.items()}
+                x, edge_index = probe.x.to(dev), probe.edge_index.to(dev)
+                want = call_model(self.model, self.style, x, edge_index, edge).cpu()
+        except Exception as err:  # nothing to check node-wise rows against
+            raise ValueError(
+                f"{type(self.model).__name__}'s own forward fails on a random probe graph "
+                f"({type(err).__name__}: {err}), so its node-wise rows cannot be checked"
+            ) from err
+        nodes = torch.arange(probe.x.shape[0])
+        errors = []
+        for both_ways in (False, True):
+            try:
+                got = torch.cat(
+                    [
+                        self._forward_field(probe.store, nodes[i : i + PROBE_BATCH], both_ways)
+                        for i in range(0, nodes.numel(), PROBE_BATCH)
+                    ]
+                )
+            except Exception as err:  # the model's own error on a subgraph, at load
+                raise ValueError(
+                    f"node-wise evaluation fails on a probe graph's receptive field: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
+            if got.shape == want.shape and matches_forward(got, want):
+                return both_ways
+            errors.append(
+                f"{(got - want).abs().max().item():.3g}" if got.shape == want.shape else "shape"
+            )
+        raise ValueError(
+            f"node-wise evaluation of {type(self.model).__name__} differs from its own forward "
+            f"on a probe graph (max abs error {errors[0]} with the {self.hops}-hop field over "
+            f"in-edges, {errors[1]} over in- and out-edges): a node's output depends on nodes "
+            f"outside its {self.hops}-hop neighbourhood, through an op over the whole graph "
+            "(a graph-level normalization such as GraphNorm, global attention or pooling, a "
+            f"global colouring) or more hops than {self.hops}; hopserve cannot serve it exactly"
+        )
 
     def blocks(self) -> tuple[BlockInfo, ...]:
         return ()
@@ -244,39 +361,43 @@ class NodewiseEvaluator:
 
     def evaluate_storage(self, targets: Tensor) -> Tensor:
         """One forward over the receptive field of storage-id ``targets``."""
-        g = self.graph
+        return self._forward_field(self.graph, targets, self.both_ways)
+
+    def _forward_field(self, g, targets: Tensor, both_ways: bool) -> Tensor:  # noqa: ANN001
+        """The model on the receptive field of ``targets`` in graph store ``g``; the
+        targets' rows."""
         depth = self.hops + (1 if self.degree_hop else 0)
         topo = g.topology
-        plan = plan_frontiers(topo, np.asarray(targets), depth, None, shortcut=False)
-        field_np = plan.layers[0].nodes  # within `depth` hops
-        inner_np = plan.layers[1].nodes if depth >= 1 else field_np  # in-edges complete
-        pos, counts = segment_positions(topo.indptr, inner_np)
+        field_np, inner_np = receptive_field(topo, np.asarray(targets), depth, both_ways)
+        pos = field_edges(topo, inner_np, both_ways)
         field, inner = torch.from_numpy(field_np), torch.from_numpy(inner_np)
+        dst_np = np.searchsorted(topo.indptr, pos, side="right") - 1
         src = torch.searchsorted(field, torch.from_numpy(topo.indices[pos].astype(np.int64)))
-        dst = torch.searchsorted(field, torch.repeat_interleave(inner, torch.from_numpy(counts)))
+        dst = torch.searchsorted(field, torch.from_numpy(dst_np.astype(np.int64)))
         x = g.features.index_select(0, field).float().to(self.device)
-        edge = self._edge_data(torch.from_numpy(np.asarray(pos, dtype=np.int64)), field)
+        edge = self._edge_data(g, torch.from_numpy(np.asarray(pos, dtype=np.int64)), field)
         if self.style == "dgl":
-            out = self._dgl_forward(x, field, inner, src, dst, edge)
+            out = self._dgl_forward(g, x, field, inner, src, dst, edge)
         else:
             edge_index = torch.stack([src, dst]).to(self.device)
             with torch.no_grad(), fresh_conv_caches(self.model):
                 out = self.model(x, edge_index, **edge)
         return out[torch.searchsorted(field, torch.as_tensor(targets)).to(self.device)].cpu()
 
-    def _edge_data(self, pos: Tensor, field: Tensor) -> dict[str, Tensor]:
+    def _edge_data(self, g, pos: Tensor, field: Tensor) -> dict[str, Tensor]:  # noqa: ANN001
         """The model's edge data arguments: the store's rows of the subgraph's edges
         (CSC positions ``pos``, the subgraph's edge order), and of its nodes (storage ids
         ``field``) for a node column (node type ids)."""
         return {
             arg: served_edge_values(
-                column, _column_of(self.graph, column)[field if column in NODE_COLUMNS else pos]
+                column, _column_of(g, column)[field if column in NODE_COLUMNS else pos]
             ).to(self.device)
             for arg, column in self.edge_args.items()
         }
 
     def _dgl_forward(
         self,
+        g,  # noqa: ANN001 - the GraphStore
         x: Tensor,
         field: Tensor,
         inner: Tensor,
@@ -294,7 +415,7 @@ class NodewiseEvaluator:
         srcs = [src, torch.full_like(ring, sink), torch.tensor([sink])]
         dsts = [dst, ring, torch.tensor([sink])]
         if self.out_degree_sink:
-            missing = self.graph.out_degrees[field] - torch.bincount(src, minlength=sink)
+            missing = g.out_degrees[field] - torch.bincount(src, minlength=sink)
             owed = torch.repeat_interleave(torch.arange(sink), missing)
             srcs.append(owed)
             dsts.append(torch.full_like(owed, sink))

@@ -24,7 +24,7 @@ from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers
 from hopserve.worker.trace.tracer import ModelTraceError
 
-__all__ = ["check_split"]
+__all__ = ["check_split", "matches_forward"]
 
 PROBE_BATCH_NODES = 6  # small fixed batches: nodes of a probe batch see few others
 ULPS = 64  # float32 rounding allowance, in ulps of the largest output (as tests' assert_exact)
@@ -40,40 +40,19 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         feature_dim: Width of the probe features.
         reads_v0: Whether plans annotate ``V^0`` (a node-wise block 0).
     """
-    from hopserve.worker.graph.store import GraphStore
-    from hopserve.worker.trace.probe import (
-        call_model,
-        probe_edge_data,
-        probe_edge_index,
-        typed_probe_columns,
-    )
+    from hopserve.worker.trace.probe import call_model, probe_store
 
-    ei, n = probe_edge_index(model, split.style)
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(n, feature_dim, generator=gen)
-    # Edge data arguments get random columns of the right width, stored in CSC order.
-    edge = probe_edge_data(
+    probe_graph = probe_store(
+        model,
+        split.style,
         split.edge_args,
-        ei,
-        split.edge_feature_dim,
-        seed=13,
+        feature_dim,
+        edge_feature_dim=split.edge_feature_dim,
         num_relations=split.num_relations,
-        num_nodes=n,
         num_node_types=split.num_node_types,
     )
-    keyword = {"weight": "edge_weight", "features": "edge_attr", "type": "edge_type"}
-    columns: dict = {}
-    node_type = None
-    for arg, column in split.edge_args.items():
-        if column == "node_type":
-            node_type = edge[arg]
-        else:
-            columns[keyword[column]] = edge[arg]
-    if node_type is not None:  # a typed probe store: the probe's type runs
-        columns |= typed_probe_columns(
-            node_type, columns.get("edge_type"), ei.shape[1], feature_dim
-        )
-    probe = GraphStore.from_edge_index(ei, x, reorder=None, **columns)
+    x, ei, edge, probe = probe_graph.x, probe_graph.edge_index, probe_graph.edge, probe_graph.store
+    n = x.shape[0]
     dev = ctx.device
     with torch.no_grad(), fresh_conv_caches(model):
         edge_dev = {k: v.to(dev) for k, v in edge.items()}
@@ -103,7 +82,7 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
     got_all = evaluate_plan(probe_ctx, full, None, RunStats(), time.perf_counter())
     got_part = evaluate_plan(probe_ctx, partial, targets, RunStats(), time.perf_counter())
     for got, want in ((got_all, expected), (got_part, expected[targets])):
-        if got.shape != want.shape or not _close(got, want):
+        if got.shape != want.shape or not matches_forward(got, want):
             err = (got - want).abs().max().item() if got.shape == want.shape else "shape"
             raise ModelTraceError(
                 "layer-wise evaluation differs from the model's own forward on a probe "
@@ -113,7 +92,7 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
             )
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+def matches_forward(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Equal up to float32 rounding of the result's magnitude: per element
     ``|got - want| <= 1e-3·|want| + max(1e-4, ULPS·ε·max|want|)``."""
     g, w = got.double(), want.double()

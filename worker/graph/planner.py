@@ -35,7 +35,10 @@ __all__ = [
     "Plan",
     "Topology",
     "edge_keys",
+    "field_balls",
+    "field_edges",
     "plan_frontiers",
+    "receptive_field",
     "sample_in_edges",
     "sampled_csc",
     "sampled_in_degrees",
@@ -373,3 +376,47 @@ def plan_frontiers(
             layers.append(LayerFrontier(current))
     layers.reverse()  # layers[0] = V^0, layers[L] = V^L (with layer L's sampled in-edges)
     return Plan(layers, list(fanouts) if fanouts is not None else None)
+
+
+# ------------------------------------------------------- node-wise receptive fields
+def receptive_field(
+    topo,  # noqa: ANN001 - a GraphTopology
+    targets: np.ndarray,
+    depth: int,
+    both_ways: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(field, inner)``: sorted storage ids within ``depth`` hops of ``targets``, and
+    within ``depth - 1`` (the nodes whose edges the subgraph holds; the targets when
+    ``depth`` is 0), over in-edges or, ``both_ways``, over in- and out-edges."""
+    balls = field_balls(topo, targets, depth, both_ways)
+    return balls[-1], balls[-2] if depth >= 1 else balls[-1]
+
+
+def field_balls(topo, targets: np.ndarray, depth: int, both_ways: bool = False) -> list[np.ndarray]:  # noqa: ANN001
+    """Sorted storage ids within ``0 … depth`` hops of ``targets`` (``balls[k]``: within
+    ``k``), over in-edges (:func:`plan_frontiers`' exact frontiers, no shortcut) or,
+    ``both_ways``, over in- and out-edges (``topo.out_neighbours``)."""
+    if not both_ways:
+        plan = plan_frontiers(topo, targets, depth, None, shortcut=False)
+        return [f.nodes for f in reversed(plan.layers)]
+    n = topo.num_nodes
+    balls = [sorted_union(n, np.asarray(targets, dtype=np.int64))]
+    for _ in range(depth):
+        ball = balls[-1]
+        pos, _ = segment_positions(topo.indptr, ball)
+        balls.append(sorted_union(n, ball, topo.indices[pos], topo.out_neighbours(ball)))
+    return balls
+
+
+def field_edges(topo, inner: np.ndarray, both_ways: bool = False) -> np.ndarray:  # noqa: ANN001
+    """Ascending CSC positions of a field subgraph's edges: every in-edge of ``inner``
+    (sorted storage ids) and, ``both_ways``, every out-edge too."""
+    pos, _ = segment_positions(topo.indptr, inner)
+    if not both_ways:
+        return pos
+    heads = np.unique(topo.out_neighbours(inner))
+    head_pos, _ = segment_positions(topo.indptr, heads)  # the heads' in-edges ...
+    src = topo.indices[head_pos].astype(np.int64)
+    at = np.minimum(np.searchsorted(inner, src), max(inner.size - 1, 0))
+    from_inner = inner[at] == src if inner.size else np.zeros(src.size, dtype=bool)
+    return np.union1d(pos, head_pos[from_inner])  # ... whose source is inner

@@ -112,6 +112,7 @@ class LoadedModel:
             graph_seq=live.seq if live is not None else 0,
             degree_normalized=reads_degrees,
             reads_source_degrees=reads_source_degrees,
+            reads_out_edges=bool(getattr(self.evaluator, "both_ways", False)),
             layer_cache_rows=self.layer_cache.capacity if self.layer_cache is not None else 0,
             output_types=tuple(getattr(self.evaluator.model, "output_types", ())),
             output_dims=tuple(getattr(self.evaluator.model, "output_dims", ())),

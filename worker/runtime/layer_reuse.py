@@ -51,9 +51,10 @@ class ModelLayerCache:
     def enabled(self) -> bool:
         return bool(self._boundaries) and self.capacity > 0
 
-    def kind(self, layer: int) -> tuple[int, bool, bool]:
-        """The living graph's invalidation kind of layer-``layer`` rows."""
-        return (layer, self.degree_normalized, self.source_degrees)
+    def kind(self, layer: int) -> tuple[int, bool, bool, bool]:
+        """The living graph's invalidation kind of layer-``layer`` rows (layer-wise rows
+        read in-edges only)."""
+        return (layer, self.degree_normalized, self.source_degrees, False)
 
     def track(self, live: LiveGraph | None) -> None:
         """Keep stale-since sequences at every cached depth (call before taking the

@@ -8,6 +8,8 @@ model's own full-graph forward in its calling style (PyG ``model(x, edge_index)`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, fx, nn
 
@@ -16,11 +18,12 @@ from hopserve.worker.trace.splitter import NodeFacts
 from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line
 
 
-def probe_graph(num_nodes: int = 41, seed: int = 7) -> Tensor:
-    """A small random edge_index with self-loops, duplicates and isolated nodes."""
+def probe_graph(num_nodes: int = 41, seed: int = 7, degree: int = 5) -> Tensor:
+    """A small random edge_index with self-loops, duplicates and isolated nodes
+    (``degree`` edges a node on average, before the loops and duplicates)."""
     gen = torch.Generator().manual_seed(seed)
     active = num_nodes - 4  # the last 4 nodes are isolated
-    e = 5 * num_nodes
+    e = degree * num_nodes
     src = torch.randint(0, active, (e,), generator=gen)
     dst = torch.randint(0, active, (e,), generator=gen)
     loops = torch.arange(0, active, 5)
@@ -88,6 +91,64 @@ def probe_edge_data(
         n = num_nodes if num_nodes is not None else int(edge_index.max()) + 1
         columns["node_type"] = probe_node_types(n, num_node_types or 1)
     return {arg: columns[column] for arg, column in edge_args.items()}
+
+
+@dataclass
+class ProbeGraph:
+    """A probe graph as the model and as hopserve see it: features ``x``, ``edge_index``,
+    the model's edge data arguments ``edge`` (by name), and ``store``, the same graph as
+    a :class:`~hopserve.worker.graph.store.GraphStore` (storage order = node order)."""
+
+    x: Tensor
+    edge_index: Tensor
+    edge: dict[str, Tensor]
+    store: object
+
+
+def probe_store(
+    model: nn.Module,
+    style: str,
+    edge_args: dict[str, str],
+    feature_dim: int,
+    *,
+    edge_feature_dim: int | None = None,
+    num_relations: int | None = None,
+    num_node_types: int | None = None,
+    num_nodes: int = 41,
+    degree: int = 5,
+) -> ProbeGraph:
+    """The probe graph for ``model`` (:func:`probe_edge_index`) with random features of
+    ``feature_dim`` and random edge data for its ``edge_args`` (``{argument: column}``,
+    :func:`probe_edge_data`), stored in CSC order; a node type argument makes the store
+    typed (:func:`typed_probe_columns`)."""
+    from hopserve.worker.graph.store import GraphStore
+
+    ei, n = probe_edge_index(model, style, num_nodes, degree)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(n, feature_dim, generator=gen)
+    edge = probe_edge_data(
+        edge_args,
+        ei,
+        edge_feature_dim,
+        seed=13,
+        num_relations=num_relations,
+        num_nodes=n,
+        num_node_types=num_node_types,
+    )
+    keyword = {"weight": "edge_weight", "features": "edge_attr", "type": "edge_type"}
+    columns: dict = {}
+    node_type = None
+    for arg, column in edge_args.items():
+        if column == "node_type":
+            node_type = edge[arg]
+        else:
+            columns[keyword[column]] = edge[arg]
+    if node_type is not None:  # a typed probe store: the probe's type runs
+        columns |= typed_probe_columns(
+            node_type, columns.get("edge_type"), ei.shape[1], feature_dim
+        )
+    store = GraphStore.from_edge_index(ei, x, reorder=None, **columns)
+    return ProbeGraph(x, ei, edge, store)
 
 
 def probe_node_types(num_nodes: int, num_types: int) -> Tensor:
@@ -267,15 +328,18 @@ def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
     return next(iter(widths))
 
 
-def probe_edge_index(model: nn.Module, style: str) -> tuple[Tensor, int]:
-    """The probe graph for ``model`` and its node count.
+def probe_edge_index(
+    model: nn.Module, style: str, num_nodes: int = 41, degree: int = 5
+) -> tuple[Tensor, int]:
+    """The probe graph for ``model`` and its node count (:func:`probe_graph` of
+    ``num_nodes``, ``degree``).
 
     DGL convs built with ``allow_zero_in_degree=False`` raise on nodes without in-edges,
     so for them every such probe node gets a self-loop (what DGL users add themselves).
     DGL probe edges are listed by (destination, source): DGL's UDF reducers (e.g. the LSTM
     aggregator) read messages in edge-id order, which is then the store's CSC order.
     """
-    ei = probe_graph()
+    ei = probe_graph(num_nodes, degree=degree)
     n = int(ei.max()) + 5
     if style != "dgl":
         return ei, n

@@ -1,15 +1,33 @@
-"""The node-wise fallback: slow but exact for models the layer-wise engine refuses."""
+"""The node-wise fallback: slow but exact for models the layer-wise engine refuses.
+
+Its receptive field runs over in-edges or, for models reading out-neighbours too
+(``DirGNNConv``), both ways; models whose rows depend on nodes outside any such field are
+refused at load by the probe check.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from support import assert_exact, random_graph
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import assert_exact, random_edge_index, random_graph
 from support.models import LinAPPNP, OneConv, build
 from torch import nn
-from torch_geometric.nn import SGConv
+from torch_geometric.nn import (
+    DirGNNConv,
+    GATConv,
+    GCNConv,
+    GINConv,
+    GPSConv,
+    GraphNorm,
+    SAGEConv,
+    SGConv,
+    WLConv,
+)
 
 from hopserve import LayerwiseEvaluator, NodewiseEvaluator, make_evaluator
+from hopserve.worker.graph import GraphStore
 from hopserve.worker.trace import ModelTraceError
 
 
@@ -82,3 +100,134 @@ def test_nodewise_baseline_matches_layerwise(graph):
     a = NodewiseEvaluator(model, store, batch_size=2).evaluate(ids)
     b = LayerwiseEvaluator(model, store).evaluate(ids)
     assert_exact(a, b, "node-wise vs layer-wise")
+
+
+# ----------------------------------------------------------------- the field, both ways
+class DirNet(nn.Module):
+    """Two DirGNNConv layers (in- and out-neighbours, Rossi et al. 2023) over ``inner``."""
+
+    def __init__(self, inner: str):
+        super().__init__()
+        make = {
+            "sage": lambda i, o: SAGEConv(i, o),
+            "gcn": lambda i, o: GCNConv(i, o),
+            "gat": lambda i, o: GATConv(i, o, heads=1),
+        }[inner]
+        self.c1 = DirGNNConv(make(5, 8), alpha=0.3)
+        self.c2 = DirGNNConv(make(8, 3), alpha=0.6, root_weight=False)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+
+class Flipped(nn.Module):
+    """Aggregates out-neighbours through the user's own flip of ``edge_index``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = SAGEConv(5, 4)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index.flip(0))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    inner=st.sampled_from(["sage", "gcn", "gat"]),
+    n=st.integers(2, 60),
+    density=st.floats(0.0, 4.0),
+    seed=st.integers(0, 10_000),
+)
+def test_dirgnn_is_exact_node_wise_with_its_field_both_ways(inner, n, density, seed):
+    edge_index = random_edge_index(n, int(n * density), seed=seed)
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(seed))
+    store = GraphStore.from_edge_index(edge_index, x)
+    torch.manual_seed(seed)
+    model = DirNet(inner).eval()
+    with pytest.raises(ModelTraceError, match="DirGNNConv"):
+        LayerwiseEvaluator(model, store)
+    ev = make_evaluator(model, store, fallback="nodewise")
+    assert ev.both_ways and "in- and out-edges" in ev.describe()
+    ev.batch_size = 4  # fields far smaller than the graph
+    with torch.no_grad():
+        want = model(x, edge_index)
+    assert_exact(ev.evaluate(), want, f"DirGNN({inner}) node-wise, all")
+    ids = torch.tensor([n - 1, 0, n // 2, 0])
+    assert_exact(ev.evaluate(ids), want[ids], f"DirGNN({inner}) node-wise, partial")
+
+
+def test_a_forward_flipping_edges_gets_the_field_both_ways(graph):
+    edge_index, x, store = graph
+    model = Flipped().eval()
+    ev = NodewiseEvaluator(model, store, hops=1, batch_size=8)
+    assert ev.both_ways
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "flipped")
+
+
+def test_in_edge_models_keep_the_in_edge_field(graph):
+    assert not NodewiseEvaluator(build("gcn", 5), graph[2]).both_ways
+
+
+class Normed(nn.Module):
+    """GraphNorm: every row is normalized by the whole graph's mean and spread."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = SAGEConv(5, 4), GraphNorm(4)
+
+    def forward(self, x, edge_index):
+        return self.norm(self.conv(x, edge_index))
+
+
+class GlobalAttention(nn.Module):
+    """GPSConv: a local conv plus attention over every node of the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 8)
+        self.gps = GPSConv(8, GINConv(nn.Linear(8, 8)), heads=2)
+
+    def forward(self, x, edge_index):
+        return self.gps(self.lin(x), edge_index)
+
+
+class Pooled(nn.Module):
+    """Each row plus the graph's mean row (a global readout broadcast back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = SAGEConv(5, 4)
+
+    def forward(self, x, edge_index):
+        h = self.conv(x, edge_index)
+        return h + h.mean(dim=0, keepdim=True)
+
+
+@pytest.mark.parametrize(
+    ("model_cls", "hops"),
+    [(Normed, None), (GlobalAttention, 1), (Pooled, None), (lambda: build("sage_mean", 5), 2)],
+    ids=["GraphNorm", "GPSConv", "mean-readout", "hops-too-small"],
+)
+def test_rows_depending_on_nodes_outside_the_field_are_refused(graph, model_cls, hops):
+    """Served node-wise these were silently wrong (e.g. GraphNorm by 0.2): now refused
+    at load, naming why."""
+    _, _, store = graph
+    with pytest.raises(ValueError, match="differs from its own forward on a probe graph"):
+        NodewiseEvaluator(model_cls().eval(), store, hops=hops)
+
+
+def test_a_model_failing_its_own_forward_on_the_probe_is_refused(graph):
+    """WLConv takes one-hot colours; on float features its own forward fails, so there
+    is nothing to check node-wise rows against (its colouring is global anyway)."""
+
+    class Colours(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wl = WLConv()
+
+        def forward(self, x, edge_index):
+            return self.wl(x, edge_index)
+
+    with pytest.raises(ValueError, match="own forward fails on a random probe graph"):
+        NodewiseEvaluator(Colours(), graph[2], hops=1)

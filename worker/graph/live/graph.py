@@ -65,9 +65,9 @@ KEYS_REMEMBERED = 100_000  # idempotency keys kept in memory (those in the log a
 MAX_SHIPPED = 10_000  # update records one job may carry to a worker behind
 RECENT_SNAPSHOTS = 4  # earlier versions a job planned before an update may still run on
 
-ModelKind = tuple[int, bool, bool]
-"""``(num_layers, degree_normalized, reads_source_degrees)``: what decides a model's
-invalidation set (:func:`~.invalidation.affected_nodes`)."""
+ModelKind = tuple[int, bool, bool, bool]
+"""``(num_layers, degree_normalized, reads_source_degrees, reads_out_edges)``: what decides
+a model's invalidation set (:func:`~.invalidation.affected_nodes`)."""
 
 
 class GraphSeqError(RuntimeError):

@@ -16,6 +16,12 @@ out-degrees count too); then
 :math:`C^l = C^{l-1} \cup N_{out}(C^{l-1})`. The affected rows are :math:`C^L`. Out-edges
 are those of the graph *after* the batch: every removed edge's destination is in
 :math:`C^1`, so a path through a removed edge is covered from there.
+
+Both ways (a model whose rows read out-neighbours too: the node-wise fallback's field of
+``DirGNNConv``): a changed edge changes its destination's in-edges *and* its source's
+out-edges, and a node's degree (in or out) enters the rows of its neighbours either way.
+With :math:`X = D \cup S \cup F` and :math:`N(\cdot)` the in- and out-neighbours,
+:math:`C^1 = X \cup N(X)` and :math:`C^l = C^{l-1} \cup N(C^{l-1})`.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 
 from hopserve.worker.graph.live.mutations import ResolvedBatch
 from hopserve.worker.graph.live.snapshot import GraphSnapshot
-from hopserve.worker.graph.planner import sorted_union
+from hopserve.worker.graph.planner import segment_positions, sorted_union
 
 __all__ = ["affected_nodes"]
 
@@ -35,14 +41,18 @@ def affected_nodes(
     num_layers: int,
     degree_normalized: bool,
     source_degrees: bool | None = None,
+    both_ways: bool = False,
 ) -> np.ndarray:
     """Sorted storage ids whose layer-``num_layers`` rows ``batch`` can change.
 
     ``degree_normalized``: a conv reads its neighbours' degrees; ``source_degrees``: also
     the out-degrees of the *sources* of changed edges (DGL ``GraphConv``'s norm; PyG's
     ``gcn_norm`` reads in-degrees only, which change at destinations). ``None``: as
-    ``degree_normalized``. New nodes are included when something reaches them.
+    ``degree_normalized``. ``both_ways``: rows read in- and out-neighbours (degrees
+    included). New nodes are included when something reaches them.
     """
+    if both_ways:
+        return _affected_both_ways(after, batch, num_layers)
     if source_degrees is None:
         source_degrees = degree_normalized
     n = after.num_nodes
@@ -58,6 +68,24 @@ def affected_nodes(
         if frontier.size == 0:
             break
         reached = sorted_union(n, after.out_neighbours(frontier))
+        frontier = np.setdiff1d(reached, current, assume_unique=True)
+        current = sorted_union(n, current, frontier)
+    return current
+
+
+def _affected_both_ways(after: GraphSnapshot, batch: ResolvedBatch, num_layers: int) -> np.ndarray:
+    """:math:`C^L` for rows that read in- and out-neighbours: the nodes within
+    ``num_layers`` hops (either way) of the changed edges' ends and the updated rows."""
+    n = after.num_nodes
+    current = sorted_union(
+        n, batch.add_dst, batch.remove_dst, batch.add_src, batch.remove_src, batch.set_nodes
+    )
+    frontier = current
+    for _ in range(num_layers):
+        if frontier.size == 0:
+            break
+        pos, _ = segment_positions(after.indptr, frontier)
+        reached = sorted_union(n, after.indices[pos], after.out_neighbours(frontier))
         frontier = np.setdiff1d(reached, current, assume_unique=True)
         current = sorted_union(n, current, frontier)
     return current

@@ -197,3 +197,71 @@ def test_rows_that_change_are_affected(name: str, case) -> None:
         affected = set(affected_nodes(after, resolved, layers, degree_normalized).tolist())
         missed = sorted(set(changed) - affected)
         assert not missed, f"{name} x{layers}: rows {missed} changed but are not affected"
+
+
+# ------------------------------------------------------------------ both ways
+def oracle_both_ways(after: GraphSnapshot, batch, num_layers: int) -> set[int]:
+    """Rows reading in- and out-neighbours (DirGNNConv): the nodes within ``num_layers``
+    hops, either way, of a changed edge's end or an updated row."""
+    n = after.num_nodes
+    nbrs = [set() for _ in range(n)]
+    ei = after.edge_index()
+    for s, d in zip(ei[0].tolist(), ei[1].tolist(), strict=True):
+        nbrs[d].add(s)
+        nbrs[s].add(d)
+    ball = set(batch.set_nodes.tolist())
+    for part in (batch.add_src, batch.add_dst, batch.remove_src, batch.remove_dst):
+        ball |= set(part.tolist())
+    for _ in range(num_layers):
+        ball |= set().union(*(nbrs[w] for w in ball))
+    return ball
+
+
+def dir_models() -> dict[tuple[str, int], torch.nn.Module]:
+    from torch_geometric.nn import DirGNNConv, GCNConv, SAGEConv
+
+    torch.manual_seed(1)
+    out = {}
+    for layers in (2, 3):
+        for name, conv in (("dir-gcn", GCNConv), ("dir-sage", SAGEConv)):
+            out[(name, layers)] = Stack([DirGNNConv(conv(DIM, DIM)) for _ in range(layers)])
+    for model in out.values():
+        for p in model.parameters():
+            torch.nn.init.uniform_(p, -1.0, 1.0)
+        model.eval()
+    return out
+
+
+DIR_MODELS = dir_models()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_both_ways_affected_nodes_equal_the_oracle(case) -> None:
+    _, _, resolved, after = case
+    for num_layers in (1, 2, 3):
+        got = affected_nodes(after, resolved, num_layers, True, True, both_ways=True)
+        assert np.all(np.diff(got) > 0), "not sorted and unique"
+        assert set(got.tolist()) == oracle_both_ways(after, resolved, num_layers)
+        one_way = affected_nodes(after, resolved, num_layers, True, True)
+        assert set(one_way.tolist()) <= set(got.tolist())
+
+
+@pytest.mark.parametrize("name", sorted({name for name, _ in DIR_MODELS}))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_rows_reading_out_edges_that_change_are_affected(name: str, case) -> None:
+    store, before, resolved, after = case
+    x0, x1 = store.features, features_after(store, resolved)
+    e0 = torch.from_numpy(before.edge_index())
+    e1 = torch.from_numpy(after.edge_index())
+    n = before.num_nodes
+    for layers in (2, 3):
+        model = DIR_MODELS[(name, layers)]
+        with torch.no_grad():
+            y0, y1 = model(x0, e0), model(x1, e1)[:n]
+        scale = max(float(y0.abs().max()), float(y1.abs().max()), 1.0)
+        changed = ((y0 - y1).abs() > 1e-5 * scale).any(dim=1).nonzero().flatten().tolist()
+        affected = affected_nodes(after, resolved, layers, True, True, both_ways=True)
+        missed = sorted(set(changed) - set(affected.tolist()))
+        assert not missed, f"{name} x{layers}: rows {missed} changed but are not affected"
