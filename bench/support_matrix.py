@@ -51,7 +51,12 @@ model and loaded the way hopserve loads a model (self-check included). Then:
 * **adapted** — exact in the same test, through a dedicated adapter that supplies a
   whole-graph statistic (degrees, the node count) the batch does not see;
 * **refused** — the model is refused at load with this reason (`ModelLoadError` in the
-  service); `fallback: nodewise` serves it exactly, node by node.
+  service). The last column says what `fallback: nodewise` does with it, tested the same
+  way (every node, 4 targets a forward, and the target subset): **exact** — the model's
+  own forward on each target's receptive field (over in- and out-edges where it reads
+  out-neighbours: "field both ways"); **refused** — the node-wise evaluator's load-time
+  probe found rows depending on nodes outside any such field, or the model failing on
+  one, and refuses it rather than serve it inexactly.
 
 Convs taking edge weights or edge features (`edge_weight` / `edge_attr`) are audited
 (rows with the argument in parentheses) in a model whose `forward` takes them, on a graph

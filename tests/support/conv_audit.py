@@ -88,6 +88,7 @@ class Row:
     variant: str  # the case's variant ("" for a class's typical case)
     status: str
     reason: str
+    nodewise: str = ""  # refused rows: what the node-wise fallback does with the model
 
     @property
     def label(self) -> str:
@@ -311,7 +312,8 @@ PYG_CASES: dict[str, tuple[Case, ...]] = {
         Case(lambda cls, i, o: cls(i, num_iters=2), "num_iters=2", same_width=True),
     ),
     "DirGNNConv": (Case(lambda cls, i, o: cls(_pyg("SAGEConv")(i, o))),),
-    "MixHopConv": (Case(_c(powers=[0, 1, 2])),),
+    # one block of o / 2 columns per power, so the second conv reads the first's width
+    "MixHopConv": (Case(lambda cls, i, o: cls(i, o // 2, powers=[1, 2])),),
     "MeshCNNConv": (Case(_c()),),
 }
 
@@ -797,8 +799,8 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
 
     label = f"{name} ({case.variant})" if case.variant else name
 
-    def row(status: str, reason: str) -> Row:
-        return Row(library, name, case.variant, status, _one_line(reason))
+    def row(status: str, reason: str, nodewise: str = "") -> Row:
+        return Row(library, name, case.variant, status, _one_line(reason), nodewise)
 
     try:
         model = build_model(library, cls, case)
@@ -826,6 +828,13 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
         edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
     inputs = inputs or tuple(edge.values())
     store = GraphStore.from_edge_index(edge_index, x, **edge)
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            if library == "dgl":
+                return model(_full_graph(library, edge_index), x, *inputs)
+            return model(x, edge_index, *inputs)
+
     try:
         ev = make_evaluator(
             model,
@@ -838,7 +847,10 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     except ModelTraceError as err:
         cause = err.__cause__
         if isinstance(cause, UnsupportedConvError):
-            return row("refused", cause.reason)
+            nodewise = audit_nodewise(model, store, forward, label)
+            if nodewise.startswith(("wrong", "crash")):
+                return row(nodewise.split(":")[0], nodewise)
+            return row("refused", cause.reason, nodewise)
         if cause is None:  # the self-check: the matrix let through a conv that is not exact
             return row("wrong", f"refused outside the support matrix: {err}")
         return row("crash", f"refusal wraps {type(cause).__name__}: {err}")
@@ -847,12 +859,7 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     key = f"dgl.{name}" if library == "dgl" else name
     status, note = support_matrix().get(key, ("exact", "registered"))
     try:
-        with torch.no_grad():
-            want = (
-                model(_full_graph(library, edge_index), x, *inputs)
-                if library == "dgl"
-                else model(x, edge_index, *inputs)
-            )
+        want = forward()
         targets = torch.tensor(TARGETS)
         assert_exact(ev.evaluate(), want, f"{label} full")
         assert_exact(ev.evaluate(targets=targets), want[targets], f"{label} partial")
@@ -863,6 +870,41 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     finally:
         ev.close()
     return row(status, note)
+
+
+def audit_nodewise(model: nn.Module, store, forward: Callable[[], torch.Tensor], label: str) -> str:  # noqa: ANN001
+    """What ``fallback: nodewise`` does with a model the layer-wise engine refuses:
+    ``"exact"`` (``"exact, field both ways"``) when its rows, a few targets a forward,
+    equal the model's own full-graph forward, full and partial; ``"refused: why"`` when
+    the node-wise evaluator refuses it at load; ``"wrong: …"`` / ``"crash: …"`` else."""
+    from hopserve.worker.engine.nodewise import NodewiseEvaluator
+
+    try:
+        ev = NodewiseEvaluator(model, store, batch_size=BATCH_NODES)
+    except ValueError as err:
+        return f"refused: {_first_sentence(err)}"
+    except Exception as err:  # noqa: BLE001
+        return f"crash: node-wise load: {type(err).__name__}: {err}"
+    try:
+        want = forward()
+        targets = torch.tensor(TARGETS)
+        assert_exact(ev.evaluate(), want, f"{label} node-wise full")
+        assert_exact(ev.evaluate(targets=targets), want[targets], f"{label} node-wise partial")
+    except AssertionError as err:
+        return f"wrong: {err}"
+    except Exception as err:  # noqa: BLE001
+        return f"crash: node-wise: {type(err).__name__}: {err}"
+    return "exact, field both ways" if ev.both_ways else "exact"
+
+
+def _first_sentence(err: Exception) -> str:
+    """The reason of a node-wise refusal, without the probe's numbers."""
+    text = str(err)
+    if "differs from its own forward" in text:
+        return "its rows depend on nodes outside its receptive field (load-time probe)"
+    if "own forward fails on a random probe graph" in text:
+        return "its own forward fails on the load-time probe graph"
+    return text.split("; ")[0].split(". ")[0]
 
 
 def _unbuildable(library: str, name: str, variant: str, err: Exception) -> Row:
@@ -925,12 +967,14 @@ def render_section(library: str, rows: list[Row], version: str) -> str:
         f"refused. {_more(len(rows) - len(typical))} a class with arguments that change "
         "the answer (in parentheses).",
         "",
-        "| conv | status | how it runs exactly / why it is refused |",
-        "|---|---|---|",
+        "| conv | status | how it runs exactly / why it is refused | `fallback: nodewise` |",
+        "|---|---|---|---|",
     ]
     for r in rows:
         variant = f" ({r.variant})" if r.variant else ""
-        lines.append(f"| `{r.conv}`{variant} | {r.status} | {r.reason.replace('|', '/')} |")
+        nodewise = r.nodewise.replace("|", "/") or "—"
+        reason = r.reason.replace("|", "/")
+        lines.append(f"| `{r.conv}`{variant} | {r.status} | {reason} | {nodewise} |")
     lines.append(end)
     return "\n".join(lines)
 

@@ -125,3 +125,24 @@ def test_audit_catches_an_adapter_that_is_not_exact(monkeypatch):
     monkeypatch.setitem(registry._MATRIX, lg, registry.ConvSupport("exact", _square, "naive"))
     row = audit.run_audit("pyg", ["LGConv"])[0]  # the typical case (no edge weights)
     assert row.status == "wrong", row
+
+
+def test_audit_catches_a_node_wise_fallback_that_is_not_exact(monkeypatch):
+    """DirGNNConv served node-wise over in-edges only misses its out-neighbours: the
+    audit's node-wise column must then say wrong, not exact."""
+    from hopserve.worker.engine.nodewise import NodewiseEvaluator
+
+    monkeypatch.setattr(NodewiseEvaluator, "check_field", lambda self: False)
+    row = audit.run_audit("pyg", ["DirGNNConv"])[0]
+    assert row.status == "wrong" and "node-wise" in row.reason, row
+
+
+def test_refused_rows_say_what_the_node_wise_fallback_does(rows):
+    """Every refused conv that was built states the fallback's outcome; a multi-hop conv
+    is exact node-wise and DirGNNConv's field runs both ways."""
+    refused = [r for r in rows if r.status == "refused" and "not built here" not in r.reason]
+    assert all(r.nodewise.startswith(("exact", "refused: ")) for r in refused), _show(refused)
+    by_name = {r.conv: r for r in rows if not r.variant}
+    assert by_name["APPNP"].nodewise == "exact"
+    assert by_name["DirGNNConv"].nodewise == "exact, field both ways"
+    assert by_name["GPSConv"].nodewise.startswith("refused: ")
