@@ -19,9 +19,9 @@ rebuilt as a table over all rows, meaningful on its type's rows
   which is the same module on the table, as a function is: the per-type ``dropout`` of
   DGL's rgcn-hetero example layer is one op, and what reads it (the next layer's
   self-loop ``matmul``) one op, not one per type;
-- a write into a value (in place, ``out=``) runs out of place and the value reads the
-  result: a table may be several types' values, and identical calls are made once; a
-  write into a view of a value is refused;
+- a write into a value (in place, ``out=``, an ``inplace=True`` module) runs out of
+  place, or on a copy, and the value reads the result: a table may be several types'
+  values, and identical calls are made once; a write into a view of a value is refused;
 - the model's output (one type's value, or a dict of them) is one table; the types it
   holds are the model's output types (:attr:`HomogeneousModel.output_types`).
 
@@ -749,6 +749,15 @@ class _Builder:
             if key not in self.cse:
                 self.cse[key] = self._emit("call_module", f"model.{node.target}", args, kwargs)
             return _Value(self.cse[key], t)
+        if t is None and in_place and node.args and isinstance(node.args[0], fx.Node):
+            # A write: on a copy of the value (identical calls are merged, so its tensor
+            # may be another value's too), each call its own op; the user's value reads
+            # the result, as it would after the in-place call.
+            copy = self.g.call_method("clone", (args[0],))
+            target = f"model.{node.target}"
+            value = _Value(self.g.call_module(target, (copy, *args[1:]), kwargs), t)
+            self.values[node.args[0]] = value
+            return value
         if t is None:
             return _Value(self._emit("call_module", f"model.{node.target}", args, kwargs), t)
         if len(args) != 1 or kwargs:

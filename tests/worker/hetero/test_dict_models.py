@@ -620,6 +620,32 @@ def test_writes_through_out_and_repeated_in_place_calls_are_kept():
     check_dict_model(WritesOut(data.metadata()), data, "out= and repeated in-place calls")
 
 
+class InPlaceModuleTwice(nn.Module):
+    """An in-place module (``ELU(inplace=True)``: not idempotent) applied twice to a value
+    of no type, its results discarded; and the same value computed twice beside it."""
+
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
+        self.w = nn.Parameter(torch.randn(H))
+        self.act = nn.ELU(inplace=True)
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.conv(x_dict, edge_index_dict)
+        c = self.w - 1.0
+        same = self.w - 1.0  # an identical call: one op in the rebuild
+        self.act(c)
+        self.act(c)
+        return {t: v + c * 2.0 + same for t, v in h.items()}
+
+
+def test_an_in_place_module_on_an_untyped_value_counts_each_call():
+    """Read-through finding: the two calls were one op (ELU once), and the write went into
+    the op ``same`` was merged with."""
+    data = _fake(8)
+    check_dict_model(InPlaceModuleTwice(data.metadata()), data, "in-place module twice")
+
+
 class WritesOneType(nn.Module):
     """A write into one type's value the rebuild cannot run out of place: ``zero_()`` (no
     out-of-place form), or ``relu_()`` into a view of the value."""
