@@ -772,9 +772,10 @@ def footprints(
     both_ways: bool = False,
 ) -> list[tuple[list[int], int]]:
     """Per target: ``|V^0| … |V^L|`` planned for it alone (``both_ways``: over in- and
-    out-edges, a node-wise field reading out-neighbours), and the largest in-degree among
-    ``V^1 … V^L`` (the nodes whose aggregations it needs)."""
-    degrees = topology.in_degrees
+    out-edges, a node-wise field reading out-neighbours), and the largest in-degree (in-
+    plus out-degree, both ways) among ``V^1 … V^L`` (the nodes whose aggregations it
+    needs)."""
+    degrees = topology.in_degrees + topology.out_degrees if both_ways else topology.in_degrees
     out = []
     for target in storage.tolist():
         balls = field_balls(topology, np.array([target]), num_layers, both_ways)

@@ -42,6 +42,7 @@ NODE_TYPED = "node types"  # Case.edge of a conv taking node type and relation i
 NUM_NODES, NUM_EDGES = 24, 60
 TARGETS = (NUM_NODES - 1, 0, 5, 5, 11)  # the isolated last node and a duplicate
 BATCH_NODES = 4
+NODEWISE_NODES = 400  # the node-wise column's graph (see nodewise_graph)
 
 Builder = Callable[[type, int, int], nn.Module]  # (class, in width, out width) -> conv
 
@@ -776,11 +777,11 @@ def audit_edge_types(num_edges: int, relations: int = RELATIONS) -> torch.Tensor
     return torch.randint(0, relations, (num_edges,), generator=torch.Generator().manual_seed(8))
 
 
-def _full_graph(library: str, edge_index: torch.Tensor) -> object:
+def _full_graph(library: str, edge_index: torch.Tensor, num_nodes: int = NUM_NODES) -> object:
     if library == "dgl":
         import dgl
 
-        return dgl.graph((edge_index[0], edge_index[1]), num_nodes=NUM_NODES)
+        return dgl.graph((edge_index[0], edge_index[1]), num_nodes=num_nodes)
     return edge_index
 
 
@@ -791,7 +792,6 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     """Build, load and (unless refused) compare one case; never raises."""
-    from hopserve import GraphStore
     from hopserve.worker.convs.base import UnsupportedConvError
     from hopserve.worker.convs.registry import support_matrix
     from hopserve.worker.engine.factory import make_evaluator
@@ -808,33 +808,7 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
         return _unbuildable(library, name, case.variant, err)
     except Exception as err:  # noqa: BLE001 - the table's arguments are wrong: report it
         return row("crash", f"cannot build with the audit's arguments: {type(err).__name__}: {err}")
-    edge_index, x = audit_graph(library)
-    weight, edge_feats = audit_edge_data(edge_index.shape[1], case.edge_dim)
-    edge = {}
-    inputs: tuple = ()  # the model's graph data arguments, in its forward's order
-    if case.edge == NODE_TYPED:  # a typed graph: node type runs, relation ids
-        from hopserve.worker.trace.probe import probe_node_types, typed_probe_columns
-
-        ntype = probe_node_types(NUM_NODES, NODE_TYPES)
-        etype = audit_edge_types(edge_index.shape[1])
-        edge = typed_probe_columns(ntype, etype, edge_index.shape[1], D_IN)
-        inputs = (ntype, etype)
-        if library == "pyg":  # HEATConv: edge features too
-            edge["edge_attr"] = edge_feats
-            inputs = (ntype, etype, edge_feats)
-    elif case.edge in TYPE_PARAMS:
-        edge = {"edge_type": audit_edge_types(edge_index.shape[1])}
-    elif case.edge:  # the model's edge data argument, and the store's column
-        edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
-    inputs = inputs or tuple(edge.values())
-    store = GraphStore.from_edge_index(edge_index, x, **edge)
-
-    def forward() -> torch.Tensor:
-        with torch.no_grad():
-            if library == "dgl":
-                return model(_full_graph(library, edge_index), x, *inputs)
-            return model(x, edge_index, *inputs)
-
+    store, forward = case_graph(library, case, model, *audit_graph(library))
     try:
         ev = make_evaluator(
             model,
@@ -847,7 +821,8 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     except ModelTraceError as err:
         cause = err.__cause__
         if isinstance(cause, UnsupportedConvError):
-            nodewise = audit_nodewise(model, store, forward, label)
+            nw_store, nw_forward = case_graph(library, case, model, *nodewise_graph(library))
+            nodewise = audit_nodewise(model, nw_store, nw_forward, label)
             if nodewise.startswith(("wrong", "crash")):
                 return row(nodewise.split(":")[0], nodewise)
             return row("refused", cause.reason, nodewise)
@@ -870,6 +845,58 @@ def audit_case(library: str, name: str, cls: type, case: Case) -> Row:
     finally:
         ev.close()
     return row(status, note)
+
+
+def case_graph(
+    library: str, case: Case, model: nn.Module, edge_index: torch.Tensor, x: torch.Tensor
+) -> tuple[object, Callable[[], torch.Tensor]]:
+    """``(store, forward)``: the graph ``(edge_index, x)`` with the edge data ``case``
+    reads as a graph store, and the model's own full-graph forward on it."""
+    from hopserve import GraphStore
+
+    n, e = x.shape[0], edge_index.shape[1]
+    weight, edge_feats = audit_edge_data(e, case.edge_dim)
+    edge = {}
+    inputs: tuple = ()  # the model's graph data arguments, in its forward's order
+    if case.edge == NODE_TYPED:  # a typed graph: node type runs, relation ids
+        from hopserve.worker.trace.probe import probe_node_types, typed_probe_columns
+
+        ntype = probe_node_types(n, NODE_TYPES)
+        etype = audit_edge_types(e)
+        edge = typed_probe_columns(ntype, etype, e, D_IN)
+        inputs = (ntype, etype)
+        if library == "pyg":  # HEATConv: edge features too
+            edge["edge_attr"] = edge_feats
+            inputs = (ntype, etype, edge_feats)
+    elif case.edge in TYPE_PARAMS:
+        edge = {"edge_type": audit_edge_types(e)}
+    elif case.edge:  # the model's edge data argument, and the store's column
+        edge = {"edge_weight": weight} if case.edge == "edge_weight" else {"edge_attr": edge_feats}
+    inputs = inputs or tuple(edge.values())
+    store = GraphStore.from_edge_index(edge_index, x, **edge)
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            if library == "dgl":
+                return model(_full_graph(library, edge_index, n), x, *inputs)
+            return model(x, edge_index, *inputs)
+
+    return store, forward
+
+
+def nodewise_graph(library: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edge_index, x)`` for the node-wise column: the load-time probe's kind of graph
+    (every edge local on a ring, :func:`~hopserve.worker.trace.probe.probe_graph`), large
+    enough that a K-hop field of 4 targets is a small part of it; DGL's with a self-loop
+    on every node, as :func:`audit_graph`."""
+    from hopserve.worker.trace.probe import probe_graph
+
+    edge_index = probe_graph(NODEWISE_NODES, seed=9, degree=2, local=True)
+    if library == "dgl":
+        loops = torch.arange(NODEWISE_NODES).repeat(2, 1)
+        edge_index = torch.cat([edge_index, loops], dim=1)
+    x = torch.randn(NODEWISE_NODES, D_IN, generator=torch.Generator().manual_seed(10))
+    return edge_index, x
 
 
 def audit_nodewise(model: nn.Module, store, forward: Callable[[], torch.Tensor], label: str) -> str:  # noqa: ANN001

@@ -88,3 +88,27 @@ def test_nodewise_refuses_zero_in_degree_like_dgl(graph):
     _, _, store = graph  # the last node has no in-edge
     with pytest.raises(ModelTraceError, match="allow_zero_in_degree=False"):
         NodewiseEvaluator(GCN(5, zero_ok=False).eval(), store)
+
+
+class DirGraphConv(nn.Module):
+    """DGL's Dir-GNN idiom: ``GraphConv`` over the graph and over ``dgl.reverse(g)``, with
+    ``norm="both"``: both ways, the reversed graph's source out-degrees are in-degrees,
+    which the field completes with a degree hop (the sink only completes out-degrees)."""
+
+    def __init__(self, norm: str):
+        super().__init__()
+        self.fwd = dglnn.GraphConv(5, 4, norm=norm, allow_zero_in_degree=True)
+        self.rev = dglnn.GraphConv(5, 4, norm=norm, allow_zero_in_degree=True)
+
+    def forward(self, g, x):
+        return self.fwd(g, x) + self.rev(dgl.reverse(g), x)
+
+
+@pytest.mark.parametrize("norm", ["both", "left", "right"])
+def test_a_reversed_graph_conv_is_exact_with_the_field_both_ways(graph, norm):
+    edge_index, x, store = graph
+    torch.manual_seed(4)
+    model = DirGraphConv(norm).eval()
+    ev = NodewiseEvaluator(model, store, hops=1, batch_size=16)
+    assert ev.both_ways
+    assert_exact(ev.evaluate(), DGL.forward(model, edge_index, x), f"reversed GraphConv {norm}")

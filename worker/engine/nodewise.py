@@ -57,9 +57,10 @@ from hopserve.worker.graph.planner import (
     receptive_field,
 )
 
-PROBE_NODES = 150  # the field check's probe graph: sparse, so an R-hop field is a fraction
-PROBE_DEGREE = 2
+PROBE_NODES = 150  # the field check's probe graph: at least this many nodes, and enough
+PROBE_DEGREE = 2  # that a batch's field (a local graph: O(hops) nodes) is a small part
 PROBE_BATCH = 3  # targets a probe forward
+PROBE_RTOL = 1e-4  # the tests' tolerance: a field one hop short is off by more
 
 _DEGREE_FREE = {
     "SAGEConv",
@@ -93,6 +94,16 @@ _HOPS = {
 """``library:Class`` -> the hops one call of the module propagates (others: 1)."""
 
 
+def module_hops(module: nn.Module) -> int:
+    """Hops one call of conv ``module`` propagates (``DirGNNConv``: its inner conv's)."""
+    library = type(module).__module__.split(".")[0]
+    name = type(module).__name__
+    if library == "torch_geometric" and name == "DirGNNConv":
+        return module_hops(module.conv_in)
+    hops_of = _HOPS.get(f"{library}:{name}")
+    return int(hops_of(module)) if hops_of is not None else 1
+
+
 def infer_hops(model: nn.Module) -> int | None:
     """Receptive field from the traced conv chain (``K`` for K-hop convs), if traceable."""
     from hopserve.worker.trace.tracer import ModelTraceError, trace_model
@@ -104,12 +115,7 @@ def infer_hops(model: nn.Module) -> int | None:
     depth: dict = {}
     for node in traced.gm.graph.nodes:
         base = max((depth.get(i, 0) for i in node.all_input_nodes), default=0)
-        hops = 0
-        if node in traced.conv_nodes:
-            module = traced.conv_module(node)
-            library = type(module).__module__.split(".")[0]
-            hops_of = _HOPS.get(f"{library}:{type(module).__name__}")
-            hops = int(hops_of(module)) if hops_of is not None else 1
+        hops = module_hops(traced.conv_module(node)) if node in traced.conv_nodes else 0
         depth[node] = base + hops
     return max(depth.values())
 
@@ -240,6 +246,7 @@ class NodewiseEvaluator:
         g = self.graph
         relations = g.meta.relations
         types = g.meta.node_types
+        deepest = self.hops + 1  # a field's depth in either mode
         probe = probe_store(
             self.model,
             self.style,
@@ -248,8 +255,9 @@ class NodewiseEvaluator:
             edge_feature_dim=None if g.edge_features is None else int(g.edge_features.shape[1]),
             num_relations=None if relations is None else len(relations),
             num_node_types=None if types is None else len(types),
-            num_nodes=PROBE_NODES,
+            num_nodes=max(PROBE_NODES, 32 * deepest + 10),  # a field: < 1/4 of it
             degree=PROBE_DEGREE,
+            local=True,
         )
         dev = self.device
         try:
@@ -277,7 +285,7 @@ class NodewiseEvaluator:
                     f"node-wise evaluation fails on a probe graph's receptive field: "
                     f"{type(err).__name__}: {err}"
                 ) from err
-            if got.shape == want.shape and matches_forward(got, want):
+            if got.shape == want.shape and matches_forward(got, want, rtol=PROBE_RTOL):
                 return both_ways
             errors.append(
                 f"{(got - want).abs().max().item():.3g}" if got.shape == want.shape else "shape"
@@ -363,10 +371,18 @@ class NodewiseEvaluator:
         """One forward over the receptive field of storage-id ``targets``."""
         return self._forward_field(self.graph, targets, self.both_ways)
 
+    def field_depth(self, both_ways: bool) -> int:
+        """Hops of the field: the receptive field, plus one where a conv reads its
+        sources' degrees. DGL ``GraphConv``'s out-degrees come from the sink on an in-edge
+        field; both ways, a reversed graph's degrees are the other direction's, which
+        only the extra hop completes."""
+        extra = self.degree_hop or (both_ways and self.out_degree_sink)
+        return self.hops + (1 if extra else 0)
+
     def _forward_field(self, g, targets: Tensor, both_ways: bool) -> Tensor:  # noqa: ANN001
         """The model on the receptive field of ``targets`` in graph store ``g``; the
         targets' rows."""
-        depth = self.hops + (1 if self.degree_hop else 0)
+        depth = self.field_depth(both_ways)
         topo = g.topology
         field_np, inner_np = receptive_field(topo, np.asarray(targets), depth, both_ways)
         pos = field_edges(topo, inner_np, both_ways)

@@ -9,6 +9,7 @@ torch) is built on the same arrays, zero-copy.
 from __future__ import annotations
 
 import logging
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class GraphTopology:
         self.edge_type = edge_type
         self.path = None if path is None else Path(path)
         self._out_csr: tuple[np.ndarray, np.ndarray] | None = None  # set atomically, once
+        self._out_lock = threading.Lock()  # one build, however many threads ask
         n, e = meta.num_nodes, meta.num_edges
         d_e = meta.edge_feature_dim
         where = str(self.path) if self.path else "graph"
@@ -329,7 +331,9 @@ class GraphTopology:
     def ensure_out_edges(self) -> None:
         """Build the CSR once (``O(E log E)``; a living graph's later snapshots splice it)."""
         if self._out_csr is None:
-            self._out_csr = build_csr(self.indptr, self.indices, self.num_nodes)
+            with self._out_lock:
+                if self._out_csr is None:
+                    self._out_csr = build_csr(self.indptr, self.indices, self.num_nodes)
 
     def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
         """Out-neighbours of storage ids ``nodes`` (concatenated, with repeats)."""

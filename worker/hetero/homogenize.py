@@ -716,6 +716,15 @@ class _Builder:
         # A write into a value: its table may be other types' values too (a HeteroConv's
         # output, the feature table), and identical calls are merged, so the op runs out of
         # place and the user's value now reads the result.
+        self._refuse_view_write(node, written)
+        target, args, kwargs = _out_of_place(node, args, kwargs)
+        value = _Value(self._emit(node.op, target, args, kwargs), t)
+        self.values[written] = value
+        return value
+
+    def _refuse_view_write(self, node: fx.Node, written: fx.Node) -> None:
+        """Refuse ``node`` writing in place into ``written`` when that may be a view of
+        another value: run out of place, the write would not reach its base."""
         source = written.args[0] if written.args else None
         of_tensor = isinstance(source, fx.Node) and self._kind(source) == "tensor"
         if _is_view(written, of_tensor):
@@ -723,10 +732,6 @@ class _Builder:
                 f"'{node.name}' at {self._where(node)} writes in place into a view of a value "
                 f"('{written.name}'); write it out of place"
             )
-        target, args, kwargs = _out_of_place(node, args, kwargs)
-        value = _Value(self._emit(node.op, target, args, kwargs), t)
-        self.values[written] = value
-        return value
 
     def _module(self, node: fx.Node, module: nn.Module) -> _Value:
         from hopserve.worker.convs.registry import is_conv_module
@@ -742,6 +747,8 @@ class _Builder:
         t = self._one_type(node, types)
         in_place = bool(getattr(module, "inplace", False))
         hooked = bool(module._forward_hooks or module._forward_pre_hooks)
+        if in_place and node.args and isinstance(node.args[0], fx.Node):
+            self._refuse_view_write(node, node.args[0])
         if type(module) in ELEMENTWISE_MODULES and not in_place and not hooked:
             # Copies of one configuration (to_hetero's per-type copies) are one op too.
             config = (type(module), module.extra_repr(), module.training)

@@ -249,7 +249,9 @@ class Worker(abc.ABC):
             description=cfg.entrypoint,
         )
         entry.live = live
-        return entry
+        if getattr(entry.evaluator, "both_ways", False):  # fields read out-edges: the
+            live.snapshot.ensure_out_edges()  # index now, so each request-scoped delta
+        return entry  # splices it instead of building it under the graph's lock
 
     def add_model(
         self,

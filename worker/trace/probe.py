@@ -17,15 +17,32 @@ from hopserve.worker.convs.registry import NODEWISE_ADVICE
 from hopserve.worker.trace.splitter import NodeFacts
 from hopserve.worker.trace.tracer import ModelTraceError, TracedModel, source_line
 
+LOCAL_REACH = 4
+"""A local probe graph's edges join nodes at most this far apart on its ring."""
 
-def probe_graph(num_nodes: int = 41, seed: int = 7, degree: int = 5) -> Tensor:
+
+def probe_graph(num_nodes: int = 41, seed: int = 7, degree: int = 5, local: bool = False) -> Tensor:
     """A small random edge_index with self-loops, duplicates and isolated nodes
-    (``degree`` edges a node on average, before the loops and duplicates)."""
+    (``degree`` edges a node on average, before the loops and duplicates).
+
+    ``local``: every edge joins nodes at most :data:`LOCAL_REACH` apart on a ring of the
+    active nodes (a ring edge each, random directions and degrees), so a node's ``d``-hop
+    neighbourhood either way spans at most ``2 · LOCAL_REACH · d + 1`` nodes however deep
+    ``d`` is: a probe whose fields stay a fraction of the graph."""
     gen = torch.Generator().manual_seed(seed)
     active = num_nodes - 4  # the last 4 nodes are isolated
     e = degree * num_nodes
-    src = torch.randint(0, active, (e,), generator=gen)
-    dst = torch.randint(0, active, (e,), generator=gen)
+    if local:
+        ring = torch.arange(active)
+        a = torch.cat([ring, torch.randint(0, active, (e - active,), generator=gen)])
+        step = torch.randint(2, LOCAL_REACH + 1, (a.numel(),), generator=gen)
+        step[:active] = 1
+        b = (a + step) % active
+        flip = torch.rand(a.numel(), generator=gen) < 0.5  # random directions
+        src, dst = torch.where(flip, b, a), torch.where(flip, a, b)
+    else:
+        src = torch.randint(0, active, (e,), generator=gen)
+        dst = torch.randint(0, active, (e,), generator=gen)
     loops = torch.arange(0, active, 5)
     src = torch.cat([src, loops, src[:10]])
     dst = torch.cat([dst, loops, dst[:10]])
@@ -116,6 +133,7 @@ def probe_store(
     num_node_types: int | None = None,
     num_nodes: int = 41,
     degree: int = 5,
+    local: bool = False,
 ) -> ProbeGraph:
     """The probe graph for ``model`` (:func:`probe_edge_index`) with random features of
     ``feature_dim`` and random edge data for its ``edge_args`` (``{argument: column}``,
@@ -123,7 +141,7 @@ def probe_store(
     typed (:func:`typed_probe_columns`)."""
     from hopserve.worker.graph.store import GraphStore
 
-    ei, n = probe_edge_index(model, style, num_nodes, degree)
+    ei, n = probe_edge_index(model, style, num_nodes, degree, local)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(n, feature_dim, generator=gen)
     edge = probe_edge_data(
@@ -329,17 +347,17 @@ def edge_feature_width(convs: list[tuple[str, nn.Module]]) -> int:
 
 
 def probe_edge_index(
-    model: nn.Module, style: str, num_nodes: int = 41, degree: int = 5
+    model: nn.Module, style: str, num_nodes: int = 41, degree: int = 5, local: bool = False
 ) -> tuple[Tensor, int]:
     """The probe graph for ``model`` and its node count (:func:`probe_graph` of
-    ``num_nodes``, ``degree``).
+    ``num_nodes``, ``degree``, ``local``).
 
     DGL convs built with ``allow_zero_in_degree=False`` raise on nodes without in-edges,
     so for them every such probe node gets a self-loop (what DGL users add themselves).
     DGL probe edges are listed by (destination, source): DGL's UDF reducers (e.g. the LSTM
     aggregator) read messages in edge-id order, which is then the store's CSC order.
     """
-    ei = probe_graph(num_nodes, degree=degree)
+    ei = probe_graph(num_nodes, degree=degree, local=local)
     n = int(ei.max()) + 5
     if style != "dgl":
         return ei, n

@@ -165,6 +165,32 @@ def test_a_forward_flipping_edges_gets_the_field_both_ways(graph):
         assert_exact(ev.evaluate(), model(x, edge_index), "flipped")
 
 
+def test_dirgnn_counts_the_hops_of_the_conv_it_wraps(graph):
+    """DirGNNConv(TAGConv(K=2)) propagates 2 hops each way: the field is 4 hops for two
+    layers (it was refused as 2), and exact."""
+    from torch_geometric.nn import TAGConv
+
+    from hopserve.worker.engine.nodewise import infer_hops
+
+    class DirTAG(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = DirGNNConv(TAGConv(5, 6, K=2))
+            self.c2 = DirGNNConv(TAGConv(6, 3, K=2))
+
+        def forward(self, x, edge_index):
+            return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+    edge_index, x, store = graph
+    torch.manual_seed(3)
+    model = DirTAG().eval()
+    assert infer_hops(model) == 4
+    ev = NodewiseEvaluator(model, store, batch_size=8)
+    assert ev.both_ways
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "DirGNN(TAGConv K=2)")
+
+
 def test_in_edge_models_keep_the_in_edge_field(graph):
     assert not NodewiseEvaluator(build("gcn", 5), graph[2]).both_ways
 
@@ -204,10 +230,32 @@ class Pooled(nn.Module):
         return h + h.mean(dim=0, keepdim=True)
 
 
+class DeepSAGE(nn.Module):
+    """Seven SAGE layers: a field of 5 hops is two short, and on a dense probe graph a
+    5-hop field (6 with both ways) already held every node (review finding)."""
+
+    def __init__(self):
+        super().__init__()
+        dims = [5] + [8] * 6 + [3]
+        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:], strict=False))
+
+    def forward(self, x, edge_index):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            x = x.relu() if i < len(self.convs) - 1 else x
+        return x
+
+
 @pytest.mark.parametrize(
     ("model_cls", "hops"),
-    [(Normed, None), (GlobalAttention, 1), (Pooled, None), (lambda: build("sage_mean", 5), 2)],
-    ids=["GraphNorm", "GPSConv", "mean-readout", "hops-too-small"],
+    [
+        (Normed, None),
+        (GlobalAttention, 1),
+        (Pooled, None),
+        (lambda: build("sage_mean", 5), 2),
+        (DeepSAGE, 5),
+    ],
+    ids=["GraphNorm", "GPSConv", "mean-readout", "hops-too-small", "deep-hops-one-short"],
 )
 def test_rows_depending_on_nodes_outside_the_field_are_refused(graph, model_cls, hops):
     """Served node-wise these were silently wrong (e.g. GraphNorm by 0.2): now refused

@@ -58,3 +58,32 @@ def test_opening_a_topology_does_not_import_torch(saved) -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_out_edge_index_is_built_once_however_many_threads_ask(saved, monkeypatch) -> None:
+    """Two models (or the front-end and a model) asking at once share one build, and the
+    index lists each node's out-neighbours (review finding: each built its own)."""
+    import threading
+    import time
+
+    from hopserve.worker.graph import topology as topology_module
+
+    topo = GraphTopology.open(saved[1])
+    built = []
+    real = topology_module.build_csr
+
+    def slow_build(*args):
+        built.append(1)
+        time.sleep(0.2)  # both threads arrive while the first builds
+        return real(*args)
+
+    monkeypatch.setattr(topology_module, "build_csr", slow_build)
+    threads = [threading.Thread(target=topo.ensure_out_edges) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1
+    src, dst = topo.indices.astype(np.int64), np.repeat(np.arange(topo.num_nodes), topo.in_degrees)
+    for v in (0, 5, int(src[0])):
+        assert sorted(topo.out_neighbours(np.array([v])).tolist()) == sorted(dst[src == v].tolist())

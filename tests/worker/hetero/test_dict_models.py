@@ -654,6 +654,8 @@ class WritesOneType(nn.Module):
         super().__init__()
         self.kind = kind
         self.conv = pyg.HeteroConv({et: pyg.SAGEConv((-1, -1), H) for et in metadata[1]})
+        self.act = nn.ReLU(inplace=True)
+        self.w = nn.Parameter(torch.randn(H))
 
     def forward(self, x_dict, edge_index_dict):
         h = self.conv(x_dict, edge_index_dict)
@@ -661,6 +663,10 @@ class WritesOneType(nn.Module):
         if self.kind == "view":
             h[t0][:, :2].relu_()
             return h
+        if self.kind == "module into a view":  # of a value of no type
+            c = self.w - 1.0
+            self.act(c[:4])
+            return {t: v + c for t, v in h.items()}
         return {t: v.zero_() if t == t0 else v for t, v in h.items()}
 
 
@@ -669,6 +675,7 @@ class WritesOneType(nn.Module):
     [
         ("no out-of-place form", 6, r"zero_ writes one node type's value in place"),
         ("view", 8, r"writes in place into a view of a value"),
+        ("module into a view", 9, r"writes in place into a view of a value"),
     ],
 )
 def test_a_write_the_rebuild_cannot_run_out_of_place_is_refused_naming_it(kind, seed, match):
