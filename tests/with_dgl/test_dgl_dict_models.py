@@ -41,6 +41,9 @@ def _relation_conv(kind: str, rel: tuple, layer: int, norm: str = "right") -> nn
         "sage": lambda: dglnn.SAGEConv((src, dst), H, "mean"),
         "pool": lambda: dglnn.SAGEConv((src, dst), H, "pool"),
         "gat": lambda: dglnn.GATConv((src, dst), H // 2, 2, allow_zero_in_degree=True),
+        "gat-shared": lambda: dglnn.GATConv(  # one fc where both sides are as wide
+            src if src == dst else (src, dst), H // 2, 2, allow_zero_in_degree=True
+        ),
     }[kind]()
 
 
@@ -291,6 +294,9 @@ class BiasedRGCN(HeteroRGCN):
         (["graph", "graph", "sage", "sage"], "min", True),
         (["graph", "sage", "sage", "graph"], _halved_sum, False),  # a user's own: subgraph
         (["pool", "graph", "graph", "graph"], "sum", False),  # pool: transformed rows
+        (["gat"] * 4, "sum", True),  # GATConv: a once-per-layer source table
+        (["gat", "gat-shared", "gat", "gat-shared"], "mean", True),
+        (["gat-shared"] * 4, "max", True),  # one fc for both sides where as wide
     ],
 )
 def test_raw_source_relation_convs_read_the_stored_table_in_place(
@@ -300,8 +306,19 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(
     order-free aggregation: gather-free layers, each relation conv on a block over the
     stored table (narrower types: a compact table; a full layer's relation edges a slice
     of the store's per-relation CSC), exact full and partial in batches of a few nodes;
-    the rest runs on the typed subgraph, exact too."""
+    the rest runs on the typed subgraph, exact too. GATConv relations read the table too,
+    their projected source rows (and logits) made once per full layer."""
+    from hopserve.worker.convs.hetero import DictConvAdapter
+
     slices = spy_relation_slices(monkeypatch)
+    tables = []
+    real = DictConvAdapter._gat_relation
+
+    def spy(self, *args):
+        tables.append(args[-1].layer)
+        return real(self, *args)
+
+    monkeypatch.setattr(DictConvAdapter, "_gat_relation", spy)
     g = _heterograph(5, counts=(60, 70, 4), edges=(200, 200, 40, 70))
     torch.manual_seed(5)
     model = BiasedRGCN(kinds, aggregate).eval()
@@ -314,6 +331,7 @@ def test_raw_source_relation_convs_read_the_stored_table_in_place(
     assert [layer.gather_free for layer in ev.last_stats.layers] == [in_place, in_place]
     assert min(layer.batches for layer in ev.last_stats.layers) > 5
     assert (len({start for _, start, _ in slices}) > 5) == in_place
+    assert sorted(set(tables)) == ([1, 2] if any("gat" in k for k in kinds) else [])
     targets, rows = [], []
     for t, w in want.items():
         got = full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]]

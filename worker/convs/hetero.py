@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.convs.layer_table import full_layer
 from hopserve.worker.convs.message_passing import (
     aggregates_raw_sources,
     fuses_sparse_aggregation,
@@ -296,6 +297,7 @@ class DictConvAdapter(_TypedAdapter):
     def __init__(self, conv: Any) -> None:
         super().__init__(conv)
         self._relation_bytes: dict[int, int] = {}  # per source row width
+        self._gat_tables: dict[tuple[str, str, str], Any] = {}  # per relation: a layer's table
 
     def edge_bytes(self, src_row_bytes: int) -> int:
         """Per in-edge: the typed subgraph's edge lists, or the in-place path's relation
@@ -341,8 +343,15 @@ class DictConvAdapter(_TypedAdapter):
         return (
             _is_dgl_hetero_graph_conv(layer.conv)
             and _dgl_reducer(layer.conv.agg_fn) is not None
-            and all(aggregates_raw_sources(m) for m in mods.values())
+            and all(aggregates_raw_sources(m) or _gat_table(m) for m in mods.values())
         )
+
+    @property
+    def global_src_full_layers_only(self) -> bool:
+        """With a ``GATConv`` relation: its source table is made once per full layer, which
+        a partial frontier must not pay for (it gathers its rows instead)."""
+        mods = getattr(self.conv.conv, "mods", None) or {}
+        return any(_gat_table(m) for m in mods.values())
 
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
@@ -408,6 +417,10 @@ class DictConvAdapter(_TypedAdapter):
                     src, dst, indptr = src[of_type], dst[of_type], None
                 if indptr is None:  # grouped by destination: dst is non-decreasing
                     indptr = csc_indptr(dst, b - a)
+                mod = layer.conv._get_module(key)
+                if _gat_table(mod) and full_layer(batch):
+                    outs.append(self._gat_relation(x, x_dst, src, indptr, key, batch))
+                    continue
                 outs.append(self._relation_in_place(x, x_dst, src, indptr, key, relation_kwargs))
             y = _aggregate(layer.conv.agg_fn, outs, layer.layout.names[t])
             out[a:b, : y.shape[1]] = y
@@ -438,6 +451,83 @@ class DictConvAdapter(_TypedAdapter):
         mod = layer.conv._get_module(key)
         with zero_in_degree_allowed(mod):
             return aggregate_first(mod)(block, (x_src, x_dst), **relation_kwargs.get(key[1], {}))
+
+    def _gat_relation(
+        self,
+        x: Tensor,
+        x_dst: Tensor,
+        src: Tensor,
+        indptr: Tensor,
+        key: tuple[str, str, str],
+        batch: LayerBatch,
+    ) -> Tensor:
+        """Relation ``key``'s ``GATConv`` on a full layer, the steps of its ``forward`` on
+        ``(x_src, x_dst)`` (DGL 2.1) as :class:`~.dgl_gat.DGLGATAdapter` runs them: the
+        source side — ``W h_u`` per head and ``e^l_u = a_l · W h_u`` over every row of the
+        source type — once per layer (as the model's whole-graph forward computes it),
+        then per run the destinations' ``e^r_v``, the edge softmax over the run's edges
+        ``src`` (storage ids, CSC offsets ``indptr``) and one SpMM per head, the residual,
+        bias and activation."""
+        import dgl
+
+        from hopserve.worker.convs.dgl_conv import _params_key, hopserve_block, local_edge_ids
+        from hopserve.worker.convs.layer_table import (
+            LayerTableCache,
+            csr_weighted_sum,
+            per_head_table,
+        )
+
+        layer: DictConvLayer = self.conv
+        mod = layer.conv._get_module(key)
+        heads, width = mod._num_heads, mod._out_feats
+        fc_src, fc_dst = getattr(mod, "fc_src", None), getattr(mod, "fc_dst", None)
+        if fc_src is None:  # one fc for both sides (in_feats an int)
+            fc_src = fc_dst = mod.fc
+        s = layer.layout.index(key[0])
+        cache = self._gat_tables.setdefault(key, LayerTableCache())
+
+        def make() -> tuple[Tensor, Tensor, Tensor, int]:
+            types = layer.layout.types_of(None, x.shape[0], x.device)
+            rows = (types == s).nonzero().squeeze(1)  # the source type's storage ids
+            at = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+            at[rows] = torch.arange(rows.numel(), device=x.device)  # storage id -> table row
+            h = x.index_select(0, rows)[:, : layer.in_widths[s]]
+            ft, el = per_head_table(h, fc_src.weight, fc_src.bias, mod.attn_l, heads, width)
+            return at, ft, el.transpose(0, 1).contiguous(), rows.numel()
+
+        table_key = (batch.layer, _params_key(*fc_src.parameters(), mod.attn_l))
+        at, ft, el, num_rows = cache.get(x, table_key, batch, make)
+        local = at.index_select(0, src)  # each edge's source row in the table
+        num_dst = x_dst.shape[0]
+        fd = fc_dst(x_dst).view(num_dst, heads, width)
+        er = (fd * mod.attn_r).sum(dim=-1).unsqueeze(-1)
+        e = mod.leaky_relu(el.index_select(0, local) + er.index_select(0, _destinations(indptr)))
+        block = hopserve_block(
+            indptr, local, local_edge_ids(local.numel(), x.device), num_rows, num_dst
+        )
+        att = dgl.ops.edge_softmax(block, e)
+        size = (num_dst, num_rows)
+        rst = torch.stack(
+            [csr_weighted_sum(indptr, local, att[:, h, 0], ft[h], size) for h in range(heads)],
+            dim=1,
+        )
+        if mod.res_fc is not None:
+            rst = rst + mod.res_fc(x_dst).view(num_dst, -1, width)
+        if mod.has_explicit_bias:
+            rst = rst + mod.bias.view(1, heads, width)
+        if mod.activation:
+            rst = mod.activation(rst)
+        return rst
+
+
+def _gat_table(conv: Any) -> bool:
+    """A relation conv that is DGL's own ``GATConv`` (its class's ``forward``, eval mode):
+    on a full layer its source side is a once-per-layer table."""
+    if type(conv).__name__ != "GATConv" or not type(conv).__module__.startswith("dgl."):
+        return False
+    from hopserve.worker.convs.dgl_gat import _gat_forward
+
+    return type(conv).forward is _gat_forward() and not conv.training
 
 
 def _aggregate(agg_fn: Any, outs: list[Tensor], dsttype: str) -> Tensor:
