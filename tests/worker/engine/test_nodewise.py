@@ -279,3 +279,24 @@ def test_a_model_failing_its_own_forward_on_the_probe_is_refused(graph):
 
     with pytest.raises(ValueError, match="own forward fails on a random probe graph"):
         NodewiseEvaluator(Colours(), graph[2], hops=1)
+
+
+def test_fields_holding_half_the_graph_run_the_whole_graph_once(graph):
+    """On a dense graph a batch's 2-hop field both ways holds most nodes: the model's own
+    forward on the whole graph runs once instead of once a batch; on a sparse one the
+    batches run. Both exact, full and partial."""
+    from hopserve.worker.trace.probe import probe_graph
+
+    sparse_ei = probe_graph(400, seed=3, degree=2, local=True)
+    sparse_x = torch.randn(400, 5, generator=torch.Generator().manual_seed(4))
+    sparse = (sparse_ei, sparse_x, GraphStore.from_edge_index(sparse_ei, sparse_x))
+    torch.manual_seed(6)
+    model = DirNet("sage").eval()
+    for (edge_index, x, store), batches in ((graph, 1), (sparse, 400 // 8)):
+        ev = NodewiseEvaluator(model, store, batch_size=8)
+        with torch.no_grad():
+            want = model(x, edge_index)
+        assert_exact(ev.evaluate(), want, "DirGNN node-wise, all")
+        assert ev.last_stats.layers[0].batches == batches
+        ids = torch.arange(0, x.shape[0], 3)
+        assert_exact(ev.evaluate(ids), want[ids], "DirGNN node-wise, partial")
