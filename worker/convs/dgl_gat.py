@@ -35,7 +35,7 @@ from hopserve.worker.convs.dgl_conv import (
 )
 from hopserve.worker.convs.layer_table import FullLayerPath, per_head_table
 
-__all__ = ["DGLGATAdapter"]
+__all__ = ["DGLGATAdapter", "unhooked"]
 
 
 @functools.cache
@@ -43,6 +43,18 @@ def _gat_forward():  # noqa: ANN202 - the class's forward, to tell overrides apa
     from dgl.nn.pytorch import GATConv
 
     return GATConv.forward
+
+
+def unhooked(conv: nn.Module) -> bool:
+    """No forward hook on ``conv`` or its submodules, nor a global one: the full-layer path
+    runs the conv's steps itself, so it never calls the modules a hook would change."""
+    from torch.nn.modules import module as torch_module
+
+    if getattr(torch_module, "_global_forward_hooks", None) or getattr(
+        torch_module, "_global_forward_pre_hooks", None
+    ):
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in conv.modules())
 
 
 class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
@@ -60,6 +72,7 @@ class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
             and not hasattr(conv, "fc_src")
             and not conv.training
             and {inp.param for inp in self.edge_inputs} <= {"edge_weight"}
+            and unhooked(conv)
         )
 
     @property

@@ -308,7 +308,12 @@ class DictConvAdapter(_TypedAdapter):
         layer: DictConvLayer = self.conv
         edge_data = 8 * (self.edge_feature_dim or 0)
         if layer.style == "dgl" and hasattr(layer.conv, "mods"):
-            base = _IN_PLACE_EDGE_BYTES if self.supports_global_src else _SUBGRAPH_EDGE_BYTES
+            # in place: every batch of a raw-source layer; with GAT relations, full layers
+            # only (src_row_bytes 0: a gather-free batch), partial frontiers gather
+            in_place = self.supports_global_src and (
+                src_row_bytes == 0 or not self.global_src_full_layers_only
+            )
+            base = _IN_PLACE_EDGE_BYTES if in_place else _SUBGRAPH_EDGE_BYTES
             return base + self._relation_edge_bytes(src_row_bytes) + edge_data
         return 6 * src_row_bytes + edge_data
 
@@ -395,6 +400,7 @@ class DictConvAdapter(_TypedAdapter):
         }
         split = _relation_split(batch, x, layer.layout)
         edge_type = None if split is not None else self.edge_values(batch)["edge_type"]
+        tables: dict = {}  # GAT relations' tables, taken once a batch (its runs share them)
         for t, a, b, e0, e1 in _destination_runs(dst_types, batch.indptr):
             relations = by_type.get(t)
             if not relations:
@@ -419,7 +425,7 @@ class DictConvAdapter(_TypedAdapter):
                     indptr = csc_indptr(dst, b - a)
                 mod = layer.conv._get_module(key)
                 if _gat_table(mod) and full_layer(batch):
-                    outs.append(self._gat_relation(x, x_dst, src, indptr, key, batch))
+                    outs.append(self._gat_relation(x, x_dst, src, indptr, key, batch, tables))
                     continue
                 outs.append(self._relation_in_place(x, x_dst, src, indptr, key, relation_kwargs))
             y = _aggregate(layer.conv.agg_fn, outs, layer.layout.names[t])
@@ -460,6 +466,7 @@ class DictConvAdapter(_TypedAdapter):
         indptr: Tensor,
         key: tuple[str, str, str],
         batch: LayerBatch,
+        tables: dict,
     ) -> Tensor:
         """Relation ``key``'s ``GATConv`` on a full layer, the steps of its ``forward`` on
         ``(x_src, x_dst)`` (DGL 2.1) as :class:`~.dgl_gat.DGLGATAdapter` runs them: the
@@ -496,7 +503,9 @@ class DictConvAdapter(_TypedAdapter):
             return at, ft, el.transpose(0, 1).contiguous(), rows.numel()
 
         table_key = (batch.layer, _params_key(*fc_src.parameters(), mod.attn_l))
-        at, ft, el, num_rows = cache.get(x, table_key, batch, make)
+        if key not in tables:  # the cache lets a layer's table go at its last batch's
+            tables[key] = cache.get(x, table_key, batch, make)  # first call: hold it here
+        at, ft, el, num_rows = tables[key]
         local = at.index_select(0, src)  # each edge's source row in the table
         num_dst = x_dst.shape[0]
         fd = fc_dst(x_dst).view(num_dst, heads, width)
@@ -521,13 +530,13 @@ class DictConvAdapter(_TypedAdapter):
 
 
 def _gat_table(conv: Any) -> bool:
-    """A relation conv that is DGL's own ``GATConv`` (its class's ``forward``, eval mode):
-    on a full layer its source side is a once-per-layer table."""
+    """A relation conv that is DGL's own ``GATConv`` (its class's ``forward``, eval mode, no
+    forward hooks): on a full layer its source side is a once-per-layer table."""
     if type(conv).__name__ != "GATConv" or not type(conv).__module__.startswith("dgl."):
         return False
-    from hopserve.worker.convs.dgl_gat import _gat_forward
+    from hopserve.worker.convs.dgl_gat import _gat_forward, unhooked
 
-    return type(conv).forward is _gat_forward() and not conv.training
+    return type(conv).forward is _gat_forward() and not conv.training and unhooked(conv)
 
 
 def _aggregate(agg_fn: Any, outs: list[Tensor], dsttype: str) -> Tensor:

@@ -34,9 +34,10 @@ depend on nodes outside any :math:`R`-hop field (a graph-level normalization suc
 ``GraphNorm``, global attention or pooling, ``WLConv``'s colouring, a receptive field
 larger than the ``hops`` given) is refused with the error, never served inexactly.
 
-Many targets: when one batch's field already holds half the graph, the batches would
-each cost about a whole-graph forward, so the model's own forward runs on the whole graph
-once (exact by definition) and the targets' rows are taken from it.
+Many targets: when one batch's field already holds half the graph (its nodes and its
+edges), the batches would each cost about a whole-graph forward, so the model's own
+forward runs on the whole graph once (exact by definition; time and memory at most about
+twice that batch) and the targets' rows are taken from it.
 
 This is the fallback for models the layer-wise engine refuses, and the node-wise
 baseline of the benchmarks.
@@ -66,8 +67,9 @@ PROBE_DEGREE = 2  # that a batch's field (a local graph: O(hops) nodes) is a sma
 PROBE_BATCH = 3  # targets a probe forward
 PROBE_RTOL = 1e-4  # the tests' tolerance: a field one hop short is off by more
 WHOLE_GRAPH_SHARE = 0.5
-"""A batch whose field holds this share of the nodes: the model's forward on the whole
-graph once costs at most twice that batch, where the batches would cost it each."""
+"""A batch whose field holds this share of the nodes and of the edges: the model's forward
+on the whole graph once costs at most about twice that batch (time and memory), where the
+batches would cost about that each."""
 
 _DEGREE_FREE = {
     "SAGEConv",
@@ -363,23 +365,32 @@ class NodewiseEvaluator:
 
     def evaluate_storage_ids(self, storage: Tensor) -> Tensor:
         """Rows for storage ids ``storage`` (any order, duplicates allowed), in batches;
-        when one batch's field already holds :data:`WHOLE_GRAPH_SHARE` of the nodes (and
-        there is more than one batch), the model's own forward on the whole graph, once."""
+        when the first batch's field already holds :data:`WHOLE_GRAPH_SHARE` of the nodes
+        and of the edges (and there is more than one batch), the model's own forward on
+        the whole graph, once."""
         t0 = time.perf_counter()
         g, size = self.graph, self.batch_size
         depth = self.field_depth(self.both_ways)
-        first = np.asarray(storage[:size])
-        outs = []
-        if storage.numel() > size:
-            field, inner = receptive_field(g.topology, first, depth, self.both_ways)
-            if field.size >= WHOLE_GRAPH_SHARE * g.num_nodes:
-                everything = np.arange(g.num_nodes, dtype=np.int64)
-                edges = np.arange(g.num_edges, dtype=np.int64)
-                outs = [self._forward_subgraph(g, everything, everything, edges, storage)]
-        if not outs:
-            outs = [
+        first = storage[:size]
+        if storage.numel():
+            field, inner = receptive_field(g.topology, np.asarray(first), depth, self.both_ways)
+            pos = field_edges(g.topology, inner, self.both_ways)
+        share = WHOLE_GRAPH_SHARE
+        if storage.numel() == 0:
+            outs = []
+        elif (
+            storage.numel() > size
+            and field.size >= share * g.num_nodes
+            and pos.size >= share * g.num_edges
+        ):
+            everything = np.arange(g.num_nodes, dtype=np.int64)
+            edges = np.arange(g.num_edges, dtype=np.int64)
+            outs = [self._forward_subgraph(g, everything, everything, edges, storage)]
+        else:
+            outs = [self._forward_subgraph(g, field, inner, pos, first)]
+            outs += [
                 self.evaluate_storage(storage[i : i + size])
-                for i in range(0, storage.numel(), size)
+                for i in range(size, storage.numel(), size)
             ]
         stats = RunStats(total_s=time.perf_counter() - t0, device=str(self.device))
         stats.layers.append(LayerStats(layer=0, rows=int(storage.numel()), batches=len(outs)))

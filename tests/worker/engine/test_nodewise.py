@@ -300,3 +300,22 @@ def test_fields_holding_half_the_graph_run_the_whole_graph_once(graph):
         assert ev.last_stats.layers[0].batches == batches
         ids = torch.arange(0, x.shape[0], 3)
         assert_exact(ev.evaluate(ids), want[ids], "DirGNN node-wise, partial")
+
+
+def test_a_hub_s_field_of_few_edges_keeps_the_batches():
+    """A batch holding a hub (every node points at it) has a field of every node but few
+    of the edges (the rest are a clique among half the nodes): the whole-graph forward
+    would cost far more than the batches, so they run (review finding), exact."""
+    n = 200
+    hub = torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)])
+    block = torch.arange(100, n)
+    clique = torch.stack([block.repeat_interleave(100), block.repeat(100)])
+    edge_index = torch.cat([hub, clique], dim=1)
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(2))
+    store = GraphStore.from_edge_index(edge_index, x, reorder=None)
+    model = OneConv(SAGEConv(5, 3)).eval()
+    ev = NodewiseEvaluator(model, store, batch_size=8)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), "hub")
+    assert ev.last_stats.layers[0].batches == n // 8
+    assert_exact(ev.evaluate(torch.tensor([], dtype=torch.long)), torch.empty(0), "no targets")
