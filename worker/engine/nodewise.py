@@ -34,10 +34,10 @@ depend on nodes outside any :math:`R`-hop field (a graph-level normalization suc
 ``GraphNorm``, global attention or pooling, ``WLConv``'s colouring, a receptive field
 larger than the ``hops`` given) is refused with the error, never served inexactly.
 
-Many targets: when one batch's field already holds half the graph (its nodes and its
-edges), the batches would each cost about a whole-graph forward, so the model's own
-forward runs on the whole graph once (exact by definition; time and memory at most about
-twice that batch) and the targets' rows are taken from it.
+Many targets: when the batches' fields together would cover the graph at least twice over
+(deep or dense fields), and the whole graph is at most :data:`WHOLE_GRAPH_MEMORY` times a
+batch's field, the model's own forward runs on the whole graph once (exact by definition)
+and the targets' rows are taken from it.
 
 This is the fallback for models the layer-wise engine refuses, and the node-wise
 baseline of the benchmarks.
@@ -66,10 +66,9 @@ PROBE_NODES = 150  # the field check's probe graph: at least this many nodes, an
 PROBE_DEGREE = 2  # that a batch's field (a local graph: O(hops) nodes) is a small part
 PROBE_BATCH = 3  # targets a probe forward
 PROBE_RTOL = 1e-4  # the tests' tolerance: a field one hop short is off by more
-WHOLE_GRAPH_SHARE = 0.5
-"""A batch whose field holds this share of the nodes and of the edges: the model's forward
-on the whole graph once costs at most about twice that batch (time and memory), where the
-batches would cost about that each."""
+WHOLE_GRAPH_MEMORY = 4
+"""The whole graph (nodes + edges) may hold this many times a batch's field for the
+node-wise fallback to run the model's forward on it once instead of the batches."""
 
 _DEGREE_FREE = {
     "SAGEConv",
@@ -364,10 +363,9 @@ class NodewiseEvaluator:
         return self.evaluate_storage_ids(storage)
 
     def evaluate_storage_ids(self, storage: Tensor) -> Tensor:
-        """Rows for storage ids ``storage`` (any order, duplicates allowed), in batches;
-        when the first batch's field already holds :data:`WHOLE_GRAPH_SHARE` of the nodes
-        and of the edges (and there is more than one batch), the model's own forward on
-        the whole graph, once."""
+        """Rows for storage ids ``storage`` (any order, duplicates allowed), in batches,
+        or by the model's own forward on the whole graph once when that is cheaper
+        (:meth:`_whole_graph_pays`)."""
         t0 = time.perf_counter()
         g, size = self.graph, self.batch_size
         depth = self.field_depth(self.both_ways)
@@ -375,14 +373,9 @@ class NodewiseEvaluator:
         if storage.numel():
             field, inner = receptive_field(g.topology, np.asarray(first), depth, self.both_ways)
             pos = field_edges(g.topology, inner, self.both_ways)
-        share = WHOLE_GRAPH_SHARE
         if storage.numel() == 0:
             outs = []
-        elif (
-            storage.numel() > size
-            and field.size >= share * g.num_nodes
-            and pos.size >= share * g.num_edges
-        ):
+        elif self._whole_graph_pays(storage.numel(), field.size + pos.size):
             everything = np.arange(g.num_nodes, dtype=np.int64)
             edges = np.arange(g.num_edges, dtype=np.int64)
             outs = [self._forward_subgraph(g, everything, everything, edges, storage)]
@@ -397,6 +390,16 @@ class NodewiseEvaluator:
         stats.compute_s = stats.total_s
         self.last_stats = stats
         return torch.cat(outs) if outs else torch.empty(0)
+
+    def _whole_graph_pays(self, num_targets: int, first_size: int) -> bool:
+        """Whether one forward on the whole graph beats the batches: with each batch about
+        as big as the first (``first_size`` nodes + edges of its field), the batches would
+        do at least twice the whole graph's work, and the whole graph holds at most
+        :data:`WHOLE_GRAPH_MEMORY` times that batch."""
+        g = self.graph
+        whole = g.num_nodes + g.num_edges
+        batches = -(-num_targets // self.batch_size)
+        return batches * first_size >= 2 * whole and whole <= WHOLE_GRAPH_MEMORY * first_size
 
     def evaluate_storage(self, targets: Tensor) -> Tensor:
         """One forward over the receptive field of storage-id ``targets``."""
