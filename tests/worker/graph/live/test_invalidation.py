@@ -179,23 +179,27 @@ def features_after(store, resolved) -> torch.Tensor:
     return x
 
 
+def rows_that_change(model: torch.nn.Module, case) -> set[int]:
+    """Old nodes whose rows of ``model``'s own forward differ before and after the batch."""
+    store, before, resolved, after = case
+    with torch.no_grad():
+        y0 = model(store.features, torch.from_numpy(before.edge_index()))
+        y1 = model(features_after(store, resolved), torch.from_numpy(after.edge_index()))
+    y1 = y1[: before.num_nodes]
+    scale = max(float(y0.abs().max()), float(y1.abs().max()), 1.0)
+    return set(((y0 - y1).abs() > 1e-5 * scale).any(dim=1).nonzero().flatten().tolist())
+
+
 @pytest.mark.parametrize("name", sorted({name for name, _ in MODELS}))
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_rows_that_change_are_affected(name: str, case) -> None:
-    store, before, resolved, after = case
-    x0, x1 = store.features, features_after(store, resolved)
-    e0 = torch.from_numpy(before.edge_index())
-    e1 = torch.from_numpy(after.edge_index())
-    n = before.num_nodes
+    _, _, resolved, after = case
     for layers in (2, 3):
         model, degree_normalized = MODELS[(name, layers)]
-        with torch.no_grad():
-            y0, y1 = model(x0, e0), model(x1, e1)[:n]
-        scale = max(float(y0.abs().max()), float(y1.abs().max()), 1.0)
-        changed = ((y0 - y1).abs() > 1e-5 * scale).any(dim=1).nonzero().flatten().tolist()
+        changed = rows_that_change(model, case)
         affected = set(affected_nodes(after, resolved, layers, degree_normalized).tolist())
-        missed = sorted(set(changed) - affected)
+        missed = sorted(changed - affected)
         assert not missed, f"{name} x{layers}: rows {missed} changed but are not affected"
 
 
@@ -251,17 +255,9 @@ def test_both_ways_affected_nodes_equal_the_oracle(case) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_rows_reading_out_edges_that_change_are_affected(name: str, case) -> None:
-    store, before, resolved, after = case
-    x0, x1 = store.features, features_after(store, resolved)
-    e0 = torch.from_numpy(before.edge_index())
-    e1 = torch.from_numpy(after.edge_index())
-    n = before.num_nodes
+    _, _, resolved, after = case
     for layers in (2, 3):
-        model = DIR_MODELS[(name, layers)]
-        with torch.no_grad():
-            y0, y1 = model(x0, e0), model(x1, e1)[:n]
-        scale = max(float(y0.abs().max()), float(y1.abs().max()), 1.0)
-        changed = ((y0 - y1).abs() > 1e-5 * scale).any(dim=1).nonzero().flatten().tolist()
+        changed = rows_that_change(DIR_MODELS[(name, layers)], case)
         affected = affected_nodes(after, resolved, layers, True, True, both_ways=True)
-        missed = sorted(set(changed) - set(affected.tolist()))
+        missed = sorted(changed - set(affected.tolist()))
         assert not missed, f"{name} x{layers}: rows {missed} changed but are not affected"
