@@ -358,6 +358,13 @@ class DictConvAdapter(_TypedAdapter):
         mods = getattr(self.conv.conv, "mods", None) or {}
         return any(_gat_table(m) for m in mods.values())
 
+    def drop_full_layer_table(self) -> None:
+        """After a full layer (the engine): its GAT relations' tables go. Each one goes at
+        the batch holding its destination type's last row; this drops those of a layer that
+        ended before it (an error, a cancellation)."""
+        for cache in self._gat_tables.values():
+            cache.clear()
+
     def run(self, x: Tensor, batch: LayerBatch) -> Tensor:
         layer: DictConvLayer = self.conv
         if batch.global_src_size is not None:  # x: the stored table, by storage id
@@ -493,19 +500,23 @@ class DictConvAdapter(_TypedAdapter):
         s = layer.layout.index(key[0])
         cache = self._gat_tables.setdefault(key, LayerTableCache())
 
-        def make() -> tuple[Tensor, Tensor, Tensor, int]:
+        def make() -> tuple[Tensor, Tensor, Tensor, int, int]:
             types = layer.layout.types_of(None, x.shape[0], x.device)
             rows = (types == s).nonzero().squeeze(1)  # the source type's storage ids
             at = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
             at[rows] = torch.arange(rows.numel(), device=x.device)  # storage id -> table row
             h = x.index_select(0, rows)[:, : layer.in_widths[s]]
             ft, el = per_head_table(h, fc_src.weight, fc_src.bias, mod.attn_l, heads, width)
-            return at, ft, el.transpose(0, 1).contiguous(), rows.numel()
+            # The relation's last reader: the batch holding its destination type's last row
+            last_dst = int((types == layer.layout.index(key[2])).nonzero().max())
+            return at, ft, el.transpose(0, 1).contiguous(), rows.numel(), last_dst
 
         table_key = (batch.layer, _params_key(*fc_src.parameters(), mod.attn_l))
-        if key not in tables:  # the cache lets a layer's table go at its last batch's
-            tables[key] = cache.get(x, table_key, batch, make)  # first call: hold it here
-        at, ft, el, num_rows = tables[key]
+        if key not in tables:  # the batch holds the tables it took (its runs share them)
+            tables[key] = cache.get(x, table_key, batch, make)
+            if batch.dst_start + batch.num_dst > tables[key][4]:
+                cache.release(tables[key])  # no later batch of the layer reads it
+        at, ft, el, num_rows, _ = tables[key]
         local = at.index_select(0, src)  # each edge's source row in the table
         num_dst = x_dst.shape[0]
         fd = fc_dst(x_dst).view(num_dst, heads, width)

@@ -181,6 +181,13 @@ class LayerTableCache:
             hit = e is not None and self._pinned and e[0]() is x and e[1] == x._version
             return e[3] if hit and e[2] == key else None
 
+    def release(self, value: Any) -> None:
+        """Drop the entry if it holds ``value`` and was made by :meth:`get` (its readers
+        are done before the layer's last batch: the caller knows, the cache does not)."""
+        with self._lock:
+            if self._entry is not None and self._entry[3] is value and not self._pinned:
+                self._entry = None
+
     def put(self, x: Tensor, key: Hashable, value: Any) -> None:
         """Keep ``value`` as the table for ``(x, key)`` until :meth:`clear`."""
         with self._lock:

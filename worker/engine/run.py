@@ -238,7 +238,10 @@ class LayerwiseRun:
                 out_rows=count + reused,
             )  # fmt: skip
         finally:
-            for adapter in holders:
+            if gather_free and rows is None and not frontier.sampled:
+                # every table made for this layer goes with it (also one made by a batch)
+                holders.extend(ctx.split.adapters[c] for c in block.convs)
+            for adapter in dict.fromkeys(holders):
                 adapter.drop_full_layer_table()
 
     def _derive_source_tables(
