@@ -22,6 +22,7 @@ from hopserve.worker.convs.registry import NODEWISE_ADVICE
 from hopserve.worker.engine.batching import BatchSizer
 from hopserve.worker.engine.run import RunContext, evaluate_plan
 from hopserve.worker.graph.planner import LayerFrontier, Plan, plan_frontiers
+from hopserve.worker.hetero.layout import probe_type_ranges
 from hopserve.worker.trace.tracer import ModelTraceError
 
 __all__ = ["check_split", "matches_forward"]
@@ -40,7 +41,7 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         feature_dim: Width of the probe features.
         reads_v0: Whether plans annotate ``V^0`` (a node-wise block 0).
     """
-    from hopserve.worker.trace.probe import call_model, probe_store
+    from hopserve.worker.trace.probe import probe_store
 
     probe_graph = probe_store(
         model,
@@ -51,6 +52,14 @@ def check_split(model, split, ctx: RunContext, feature_dim: int, reads_v0: bool)
         num_relations=split.num_relations,
         num_node_types=split.num_node_types,
     )
+    with probe_type_ranges(model, probe_graph.x.shape[0]):
+        _check_on_probe(model, split, ctx, probe_graph, reads_v0)
+
+
+def _check_on_probe(model, split, ctx: RunContext, probe_graph, reads_v0: bool) -> None:  # noqa: ANN001
+    """:func:`check_split` on ``probe_graph`` (a :class:`~hopserve.worker.trace.probe.ProbeGraph`)."""
+    from hopserve.worker.trace.probe import call_model
+
     x, ei, edge, probe = probe_graph.x, probe_graph.edge_index, probe_graph.edge, probe_graph.store
     n = x.shape[0]
     dev = ctx.device

@@ -13,6 +13,8 @@ its storage id.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from hopserve.worker.graph.node_types import relation_triple, type_bounds
 
-__all__ = ["TypeLayout", "TypeRanges"]
+__all__ = ["TypeLayout", "TypeRanges", "probe_type_ranges"]
 
 
 class TypeRanges:
@@ -38,6 +40,35 @@ class TypeRanges:
         starts, kinds = type_bounds(types)
         self.bounds = (tuple(starts.tolist()), tuple(kinds.tolist()))  # one assignment
         self.source = types  # the list they were read from (a snapshot's meta keeps it)
+
+    def even(self, num_types: int, num_rows: int) -> None:
+        """Rows ``0..num_rows-1`` split into ``num_types`` runs as even as they come (a
+        type gets no row only when there are fewer rows than types)."""
+        cuts = [k * num_rows // num_types for k in range(num_types)]
+        pairs = [
+            (start, k) for k, start in enumerate(cuts) if k + 1 == num_types or start < cuts[k + 1]
+        ]
+        self.bounds = (tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+        self.source = None
+
+
+@contextmanager
+def probe_type_ranges(model: Any, num_rows: int) -> Iterator[None]:
+    """While the load-time checks run a dict model on a probe graph of ``num_rows`` rows:
+    the probe's rows split evenly among the model's node types, so every type and relation
+    is exercised (the graph's own ranges would give the probe's few rows to its first type
+    or two), then the graph's ranges back. A model without a type layout: nothing."""
+    layout = getattr(model, "layout", None)
+    if not isinstance(layout, TypeLayout):
+        yield
+        return
+    ranges = layout.ranges
+    saved = ranges.bounds, ranges.source
+    ranges.even(len(layout.names), num_rows)
+    try:
+        yield
+    finally:
+        ranges.bounds, ranges.source = saved
 
 
 @dataclass(frozen=True)

@@ -393,8 +393,21 @@ class DictConvLayer(nn.Module):
             else:
                 edges = {k: (e[0], e[1]) for k, e in edge_index_dict.items()}
                 graph = dgl.heterograph(edges, num_nodes_dict=counts, device=x.device)
+            from dgl.nn.pytorch import HeteroGraphConv
+
+            inputs: object = x_dict
+            if block and type(self.conv) is HeteroGraphConv:
+                # Its relations into a type without destinations in this batch are left
+                # out (they have no row to compute; a residual GATConv's view of 0 rows
+                # fails): the destination inputs of the other types, as it slices them.
+                dst_inputs = {
+                    names[t]: x_dict[names[t]][:k]
+                    for t, k in firsts.items()
+                    if k and names[t] in x_dict
+                }
+                inputs = (x_dict, dst_inputs)
             with zero_in_degree_allowed(self.conv):
-                result = self.conv(graph, x_dict, mod_kwargs=mod_kwargs or None)
+                result = self.conv(graph, inputs, mod_kwargs=mod_kwargs or None)
         else:
             result = self.conv(x_dict, edge_index_dict)
         out = x.new_zeros((num_dst if block else n, *self.out_shape))

@@ -20,6 +20,7 @@ from hopserve.worker.convs.base import (
     fresh_conv_caches,
 )
 from hopserve.worker.convs.registry import NODEWISE_ADVICE, adapter_for
+from hopserve.worker.hetero.layout import probe_type_ranges
 from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
 from hopserve.worker.trace.probe import (
     FeatureWidthError,
@@ -70,7 +71,7 @@ def split_model(
     x, ei = x.to(device), ei.to(device)
     edge = {k: v.to(device) for k, v in edge.items()}
     try:
-        with fresh_conv_caches(model):
+        with fresh_conv_caches(model), probe_type_ranges(model, n):
             facts, _ = probe_facts(traced, x, ei, edge)
     except ModelTraceError:
         raise

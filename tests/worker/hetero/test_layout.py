@@ -42,3 +42,29 @@ def test_is_type_over_several_runs_of_a_type():
     assert layout.is_type(ids, 0).tolist() == [1, 1, 1, 0, 0, 1, 1, 0, 0, 0]
     assert layout.is_type(ids, 1).tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
     assert (layout.types_of(ids, 10, ids.device) == 0).tolist() == layout.is_type(ids, 0).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=st.lists(st.integers(0, 500), min_size=1, max_size=5), rows=st.integers(1, 60))
+def test_probe_type_ranges_split_the_probe_rows_evenly_then_restore_the_graph_s(counts, rows):
+    """The load-time probes' ranges: every type gets rows of the probe (the graph's own
+    ranges would give its few rows to the first type or two), the counts differ by at most
+    one, and the graph's ranges come back, also after an error."""
+    import pytest
+
+    from hopserve.worker.hetero.layout import probe_type_ranges
+
+    layout = _layout(counts)
+    model = torch.nn.Module()
+    model.layout = layout
+    saved = layout.ranges.bounds, layout.ranges.source
+    with probe_type_ranges(model, rows):
+        kinds = layout.types_of(None, rows, torch.device("cpu"))
+        per_type = torch.bincount(kinds, minlength=len(counts))
+        assert (int(per_type.min()) >= 1) == (rows >= len(counts))
+        assert int(per_type.max()) - int(per_type.min()) <= 1
+        assert kinds.tolist() == sorted(kinds.tolist())  # runs, in type order
+    assert (layout.ranges.bounds, layout.ranges.source) == saved
+    with pytest.raises(RuntimeError), probe_type_ranges(model, rows):
+        raise RuntimeError("a probe failed")
+    assert (layout.ranges.bounds, layout.ranges.source) == saved
