@@ -506,16 +506,22 @@ def test_a_gat_relation_s_table_goes_after_its_destination_type_s_last_batch(mon
 
 
 def test_the_load_time_checks_run_every_relation_of_a_dict_model(monkeypatch):
-    """The load-time probe and self-check give every node type rows of the probe graph,
-    so each relation conv is run and checked there (they typed the probe's few rows by the
-    graph's own ranges: here all of them the first type's, and no other type was checked),
-    and a residual GATConv relation, which fails on a type without rows, loads."""
+    """The load-time probe, self-check and output-width probe give every node type rows of
+    the probe graph and every relation probe edges, so each relation conv is run and
+    checked there (they typed the probe's few rows by the graph's own ranges, here all of
+    them the first type's, and drew relation ids at random), and a residual GATConv
+    relation, which fails on a type without rows, loads in a worker and serves exact rows."""
+    from hopserve.worker.runtime import make_worker
+
     seen: set[str] = set()
+    with_edges: dict[tuple, int] = {}  # relation -> most probe edges a call gave it
     real = dglnn.HeteroGraphConv.forward
 
     def spy(self, g, inputs, *args, **kwargs):
         dst = inputs[1] if isinstance(inputs, tuple) else inputs
         seen.update(k for k, v in dst.items() if v.shape[0] and k in g.dsttypes)
+        for e in g.canonical_etypes:
+            with_edges[e] = max(with_edges.get(e, 0), g.num_edges(e))
         return real(self, g, inputs, *args, **kwargs)
 
     monkeypatch.setattr(dglnn.HeteroGraphConv, "forward", spy)
@@ -524,10 +530,50 @@ def test_the_load_time_checks_run_every_relation_of_a_dict_model(monkeypatch):
     assert max(t.count for t in store.node_types) > 100  # more than a probe graph has
     torch.manual_seed(8)
     model = HeteroRGCN(["gat-residual"] * 4).eval()
-    ev = LayerwiseEvaluator(model, store, progress=False)
+    worker = make_worker("cpu", worker_id="probe-types")
+    entry = worker.add_model("m", "1", model, store)
     assert seen == {r[2] for r in RELATIONS}
+    # 16-39 edges each (12-14 with random relation ids, as many as tracing's example graph)
+    assert set(with_edges) == set(RELATIONS) and min(with_edges.values()) >= 15
+    assert entry.dim == H
     with torch.no_grad():
         want = model(g, _inputs(g))
+    full = entry.evaluator.evaluate()
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+
+
+def test_no_gat_relation_table_outlives_a_layer_that_failed(monkeypatch):
+    """A full layer that ends in an error (here a relation's in its seventh call) leaves
+    no GAT relation table behind: the engine drops every adapter's tables after a full
+    layer, however it ended (the tables of relations whose destination type's last batch
+    never ran were kept before), and the next evaluation is exact."""
+    from hopserve.worker.convs.hetero import DictConvAdapter
+
+    g = _heterograph(9, counts=(60, 70, 4), edges=(200, 200, 40, 70))
+    torch.manual_seed(9)
+    model = BiasedRGCN(["gat", "gat-residual", "gat", "gat-shared"], "sum").eval()
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    store = GraphStore.from_dgl(g)
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
+    real = DictConvAdapter._gat_relation
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyError("a relation failed")
+        return real(self, *args)
+
+    monkeypatch.setattr(DictConvAdapter, "_gat_relation", failing)
+    with pytest.raises(KeyError, match="a relation failed"):
+        ev.evaluate()
+    adapters = [a for a in ev.split.adapters.values() if isinstance(a, DictConvAdapter)]
+    caches = [c for a in adapters for c in a._gat_tables.values()]
+    assert len(caches) >= 2 and all(c._entry is None for c in caches)
+    monkeypatch.setattr(DictConvAdapter, "_gat_relation", real)
     full = ev.evaluate()
     offsets = {t.name: t.offset for t in store.node_types}
     for t, w in want.items():

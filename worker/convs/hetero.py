@@ -508,7 +508,7 @@ class DictConvAdapter(_TypedAdapter):
             h = x.index_select(0, rows)[:, : layer.in_widths[s]]
             ft, el = per_head_table(h, fc_src.weight, fc_src.bias, mod.attn_l, heads, width)
             # The relation's last reader: the batch holding its destination type's last row
-            last_dst = int((types == layer.layout.index(key[2])).nonzero().max())
+            last_dst = layer.layout.last_row(layer.layout.index(key[2]), x.shape[0])
             return at, ft, el.transpose(0, 1).contiguous(), rows.numel(), last_dst
 
         table_key = (batch.layer, _params_key(*fc_src.parameters(), mod.attn_l))

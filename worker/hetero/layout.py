@@ -23,7 +23,7 @@ from torch import Tensor
 
 from hopserve.worker.graph.node_types import relation_triple, type_bounds
 
-__all__ = ["TypeLayout", "TypeRanges", "probe_type_ranges"]
+__all__ = ["TypeLayout", "TypeRanges", "even_types", "probe_relation_ids", "probe_type_ranges"]
 
 
 class TypeRanges:
@@ -42,14 +42,20 @@ class TypeRanges:
         self.source = types  # the list they were read from (a snapshot's meta keeps it)
 
     def even(self, num_types: int, num_rows: int) -> None:
-        """Rows ``0..num_rows-1`` split into ``num_types`` runs as even as they come (a
-        type gets no row only when there are fewer rows than types)."""
-        cuts = [k * num_rows // num_types for k in range(num_types)]
-        pairs = [
-            (start, k) for k, start in enumerate(cuts) if k + 1 == num_types or start < cuts[k + 1]
-        ]
-        self.bounds = (tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+        """Rows ``0..num_rows-1`` split into ``num_types`` runs as even as they come, row
+        ``r`` of type ``r * num_types // num_rows`` (a type gets no row only when there are
+        fewer rows than types)."""
+        kinds = even_types(num_types, num_rows)
+        change = torch.ones(num_rows, dtype=torch.bool)
+        change[1:] = kinds[1:] != kinds[:-1]
+        starts = change.nonzero().squeeze(1)
+        self.bounds = (tuple(starts.tolist()) or (0,), tuple(kinds[starts].tolist()) or (0,))
         self.source = None
+
+
+def even_types(num_types: int, num_rows: int) -> Tensor:
+    """Type index of each of ``num_rows`` rows split evenly into ``num_types`` runs."""
+    return torch.arange(num_rows) * num_types // max(num_rows, 1)
 
 
 @contextmanager
@@ -69,6 +75,27 @@ def probe_type_ranges(model: Any, num_rows: int) -> Iterator[None]:
         yield
     finally:
         ranges.bounds, ranges.source = saved
+
+
+def probe_relation_ids(model: Any, edge_index: Tensor, num_rows: int) -> Tensor | None:
+    """For a dict model: a relation id per probe edge whose relation's end types are the
+    edge's under :func:`probe_type_ranges` (where one exists; else 0, an edge every typed
+    module leaves out), so each relation gets probe edges (random ids would give it about
+    ``1/T^2`` of its share). Parallel edges and a node's self-loops get the same id. ``None``
+    for a model without a type layout."""
+    layout = getattr(model, "layout", None)
+    if not isinstance(layout, TypeLayout):
+        return None
+    kinds = even_types(len(layout.names), num_rows)
+    by_ends: dict[tuple[int, int], list[int]] = {}
+    for rel, (s, _, d) in enumerate(layout.relations):
+        by_ends.setdefault((layout.index(s), layout.index(d)), []).append(rel)
+    src, dst = edge_index[0].tolist(), edge_index[1].tolist()
+    ids = []
+    for u, v in zip(src, dst, strict=True):
+        options = by_ends.get((int(kinds[u]), int(kinds[v])))
+        ids.append(options[(7 * u + 13 * v) % len(options)] if options else 0)
+    return torch.tensor(ids, dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -165,6 +192,16 @@ class TypeLayout:
                     inside &= node_ids < starts[k + 1]
                 mask |= inside
         return mask
+
+    def last_row(self, t: int, num_rows: int) -> int:
+        """The last storage id of type ``t`` among rows ``0..num_rows-1`` (``-1``: none),
+        from the ranges alone (no pass over the rows, no device sync)."""
+        starts, kinds = self.ranges.bounds
+        for k in range(len(starts) - 1, -1, -1):
+            if kinds[k] == t and starts[k] < num_rows:
+                end = starts[k + 1] if k + 1 < len(starts) else num_rows
+                return min(end, num_rows) - 1
+        return -1
 
     def rows_of(
         self, node_ids: Tensor | None, num_rows: int, t: int, device: torch.device

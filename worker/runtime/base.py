@@ -501,10 +501,12 @@ def _output_dim(evaluator: Evaluator) -> int:
 
     The model is called in its own style (``model(x, edge_index)`` for PyG,
     ``model(dgl_graph, x)`` for DGL), on the probe graph the evaluator's self-check uses
-    (with the self-loops a DGL conv that refuses zero in-degree needs).
+    (with the self-loops a DGL conv that refuses zero in-degree needs; a dict model's
+    types split evenly over it, as in the load-time checks).
     """
     from hopserve.worker.convs.base import fresh_conv_caches
     from hopserve.worker.engine.nodewise import model_style
+    from hopserve.worker.hetero.layout import probe_relation_ids, probe_type_ranges
     from hopserve.worker.trace.probe import call_model, probe_edge_data, probe_edge_index
 
     split = getattr(evaluator, "split", None)
@@ -528,9 +530,10 @@ def _output_dim(evaluator: Evaluator) -> int:
         num_relations=num_relations,
         num_nodes=n,
         num_node_types=num_node_types,
+        relation_ids=probe_relation_ids(evaluator.model, ei, n),
     )
     dev = evaluator.device
-    with torch.no_grad(), fresh_conv_caches(evaluator.model):
+    with torch.no_grad(), fresh_conv_caches(evaluator.model), probe_type_ranges(evaluator.model, n):
         out = call_model(
             evaluator.model, style, x, ei.to(dev), {k: v.to(dev) for k, v in edge.items()}
         )

@@ -80,11 +80,13 @@ def probe_edge_data(
     num_relations: int | None = None,
     num_nodes: int | None = None,
     num_node_types: int | None = None,
+    relation_ids: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Random edge data for the probe graph: ``{argument: tensor}`` per edge data argument
     (weights in ``[0.5, 1.5)``, so degrees stay positive; features ``[E, d_e]`` normal;
-    relation ids uniform in ``0..num_relations-1``), and node type ids ``[num_nodes]``
-    (:func:`probe_node_types`).
+    relation ids uniform in ``0..num_relations-1``, or ``relation_ids``: a dict model's,
+    :func:`~hopserve.worker.hetero.layout.probe_relation_ids`), and node type ids
+    ``[num_nodes]`` (:func:`probe_node_types`).
 
     A node's several self-loops carry the same data: which of them PyG's
     ``add_remaining_self_loops`` keeps is an indexed assignment with repeated indices,
@@ -97,6 +99,8 @@ def probe_edge_data(
         "features": torch.randn(num_edges, feature_dim or 1, generator=gen),
         "type": torch.randint(0, num_relations or 1, (num_edges,), generator=gen),
     }  # one tensor per column: arguments served by the same column get the same values
+    if relation_ids is not None:
+        columns["type"] = relation_ids.clone()
     loops = (edge_index[0] == edge_index[1]).nonzero().squeeze(1)
     if loops.numel():
         node = edge_index[0, loops]
@@ -140,6 +144,7 @@ def probe_store(
     :func:`probe_edge_data`), stored in CSC order; a node type argument makes the store
     typed (:func:`typed_probe_columns`)."""
     from hopserve.worker.graph.store import GraphStore
+    from hopserve.worker.hetero.layout import probe_relation_ids
 
     ei, n = probe_edge_index(model, style, num_nodes, degree, local)
     gen = torch.Generator().manual_seed(11)
@@ -152,6 +157,7 @@ def probe_store(
         num_relations=num_relations,
         num_nodes=n,
         num_node_types=num_node_types,
+        relation_ids=probe_relation_ids(model, ei, n),
     )
     keyword = {"weight": "edge_weight", "features": "edge_attr", "type": "edge_type"}
     columns: dict = {}

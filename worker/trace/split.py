@@ -20,7 +20,7 @@ from hopserve.worker.convs.base import (
     fresh_conv_caches,
 )
 from hopserve.worker.convs.registry import NODEWISE_ADVICE, adapter_for
-from hopserve.worker.hetero.layout import probe_type_ranges
+from hopserve.worker.hetero.layout import probe_relation_ids, probe_type_ranges
 from hopserve.worker.trace.blocks import FEATURES, BlockInput, ConvBlock, ModelSplit, dst_rows
 from hopserve.worker.trace.probe import (
     FeatureWidthError,
@@ -67,6 +67,7 @@ def split_model(
         num_relations=num_relations,
         num_nodes=n,
         num_node_types=num_node_types,
+        relation_ids=probe_relation_ids(model, ei, n),
     )
     x, ei = x.to(device), ei.to(device)
     edge = {k: v.to(device) for k, v in edge.items()}

@@ -68,3 +68,23 @@ def test_probe_type_ranges_split_the_probe_rows_evenly_then_restore_the_graph_s(
     with pytest.raises(RuntimeError), probe_type_ranges(model, rows):
         raise RuntimeError("a probe failed")
     assert (layout.ranges.bounds, layout.ranges.source) == saved
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=4), extra=st.integers(-3, 3))
+def test_last_row_is_the_largest_id_of_its_type(counts, extra):
+    """``last_row`` (from the ranges alone) equals the largest row that ``types_of`` gives
+    the type, over one range per type and over several runs (a live graph's additions)."""
+    for runs in (False, True):
+        layout = _layout(counts)
+        n = sum(counts)
+        if runs and n:
+            starts, kinds = layout.ranges.bounds
+            layout.ranges.bounds = ((*starts, n + 1, n + 3), (*kinds, kinds[0], kinds[-1]))
+            n += 5
+        rows = max(n + extra, 0)
+        kinds_of = layout.types_of(None, rows, torch.device("cpu"))
+        for t in range(len(counts)):
+            of_t = (kinds_of == t).nonzero()
+            want = int(of_t.max()) if of_t.numel() else -1
+            assert layout.last_row(t, rows) == want, (counts, runs, rows, t)
