@@ -437,6 +437,8 @@ class DictConvAdapter(_TypedAdapter):
                 outs.append(self._relation_in_place(x, x_dst, src, indptr, key, relation_kwargs))
             y = _aggregate(layer.conv.agg_fn, outs, layer.layout.names[t])
             out[a:b, : y.shape[1]] = y
+            for key in [k for k, table in tables.items() if batch.dst_start + b > table[4]]:
+                del tables[key]  # past its destination type's last row: no later run reads it
         return out
 
     def _relation_in_place(
