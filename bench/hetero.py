@@ -27,7 +27,12 @@ of each edge, as DGL's RGCN example does on ``dgl.to_homogeneous``:
   from a ``WeightBasis`` passed through ``mod_kwargs``, self-loop, bias) x L, relu between,
   ``forward(g, x_dict)`` on the heterograph, against the example's own ``inference`` (per
   layer a ``DataLoader`` over every node of every type, ``MultiLayerFullNeighborSampler(1)``
-  blocks of the heterograph) and its full-graph forward.
+  blocks of the heterograph) and its full-graph forward;
+* ``dgl-gat`` — ``HeteroGraphConv`` of one ``GATConv`` per relation (``--heads`` heads of
+  ``hidden / heads``, flattened; ``aggregate="sum"``) x L, relu between, ``forward(g,
+  x_dict)`` on the heterograph, against the same per-layer ``DataLoader`` inference and its
+  full-graph forward. hopserve makes each relation's source side (``W h`` per head and its
+  ``a_l`` logits) once per layer, as the full-graph forward does.
 
 Methods (each in its own interpreter; peak RSS over the child's RSS before it opened the
 graph, against the memory model graph + features + two layers of ``hidden``-wide rows):
@@ -63,6 +68,7 @@ FULL = {
     "dgl-hgt": ("hopserve", "dgl-manual", "dgl-hgt-fullgraph"),
     "to-hetero": ("hopserve", "to-hetero-fullgraph"),
     "dgl-example": ("hopserve", "dgl-manual", "dgl-example-fullgraph"),
+    "dgl-gat": ("hopserve", "dgl-manual", "dgl-gat-fullgraph"),
 }
 MODEL = {
     "dgl": "RGCN",
@@ -71,14 +77,16 @@ MODEL = {
     "dgl-hgt": "HGT",
     "to-hetero": "SAGE",
     "dgl-example": "RGCN",
+    "dgl-gat": "GAT",
 }
-CHILD_KEYS = ("hidden", "out_dim", "bases", "threads", "budget_mb")
+HETEROGRAPH = ("dgl-example", "dgl-gat")  # models of forward(g, x_dict) on a DGL heterograph
+CHILD_KEYS = ("hidden", "out_dim", "bases", "heads", "threads", "budget_mb")
 
 
 # --------------------------------------------------------------------------- models
 def make_model(
     library: str, layers: int, d_in: int, hidden: int, d_out: int, rels: int, bases: int,
-    metadata=None,
+    metadata=None, heads: int = 4,
 ):  # fmt: skip
     """The benchmark's RGCN or HGT (seeded); a DGL RGCN's ``layer(i, g, h, etypes)`` runs
     one layer."""
@@ -90,6 +98,8 @@ def make_model(
     if library == "dgl-example":
         names = sorted({r[1] for r in metadata[1]})
         return EntityClassify(dims, names, bases).eval()
+    if library == "dgl-gat":
+        return _hetero_gat()(dims, sorted({r[1] for r in metadata[1]}), heads).eval()
     if library == "to-hetero":
         from torch_geometric.nn import SAGEConv, to_hetero
 
@@ -223,9 +233,47 @@ def EntityClassify(dims, rel_names, num_bases):  # noqa: N802 - the example's cl
     return _rgcn_hetero_example()(dims, rel_names, num_bases)
 
 
+def _hetero_gat():
+    """``HeteroGraphConv`` of ``GATConv`` relations x L (built lazily: DGL is imported in
+    the DGL venv only); a layer is ``layer(g, x_dict)`` on a graph or a block."""
+    import dgl.nn.pytorch as dglnn
+    import torch.nn.functional as F
+    from torch import nn
+
+    class HeteroGATLayer(nn.Module):
+        def __init__(self, d_in: int, d_out: int, rel_names, heads: int, last: bool) -> None:
+            super().__init__()
+            self.conv = dglnn.HeteroGraphConv(
+                {r: dglnn.GATConv(d_in, d_out // heads, heads) for r in rel_names},
+                aggregate="sum",
+            )
+            self.last = last
+
+        def forward(self, g, x):
+            h = self.conv(g, x)
+            return {k: v.flatten(1) if self.last else F.relu(v.flatten(1)) for k, v in h.items()}
+
+    class HeteroGAT(nn.Module):
+        def __init__(self, dims, rel_names, heads: int) -> None:
+            super().__init__()
+            last = len(dims) - 2
+            self.layers = nn.ModuleList(
+                HeteroGATLayer(a, b, rel_names, heads, i == last)
+                for i, (a, b) in enumerate(zip(dims, dims[1:], strict=False))
+            )
+
+        def forward(self, g, h):
+            for layer in self.layers:
+                h = layer(g, h)
+            return h
+
+    return HeteroGAT
+
+
 def dgl_example_inference(model, g, x_dict, batch_size: int):
-    """The rgcn-hetero example's ``EntityClassify.inference``: layer by layer, every node
-    of every type in batches of full 1-hop blocks of the heterograph."""
+    """The rgcn-hetero example's ``EntityClassify.inference`` (any model of ``layers``
+    called ``layer(block, x_dict)``): layer by layer, every node of every type in batches
+    of full 1-hop blocks of the heterograph."""
     import torch
     from dgl.dataloading import DataLoader, MultiLayerFullNeighborSampler
 
@@ -341,7 +389,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
     rels = len(store.relations)
     model = make_model(
         args.library, args.num_layers, store.feature_dim, args.hidden, args.out_dim, rels,
-        args.bases, metadata_of(store),
+        args.bases, metadata_of(store), heads=args.heads,
     )  # fmt: skip
     if args.library == "to-hetero":  # lazy SAGEConv((-1, -1)) widths: a tiny forward
         types, relations = metadata_of(store)
@@ -371,7 +419,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         result["stages"] = harness.stage_seconds(
             ev.last_stats, ("planning_s", "prepare_s", "transfer_s", "compute_s", "write_out_s")
         )
-    elif args.library == "dgl-example":  # the heterograph itself, per-type inputs
+    elif args.library in HETEROGRAPH:  # the heterograph itself, per-type inputs
         import dgl
 
         x_dict, edge_index_dict = typed_inputs(store)
@@ -383,7 +431,7 @@ def run_method(args: argparse.Namespace) -> dict[str, Any]:
         def stacked(out: dict) -> torch.Tensor:
             return torch.cat([out[t.name] for t in store.node_types])
 
-        if method == "dgl-example-fullgraph":
+        if method == f"{args.library}-fullgraph":
             with torch.no_grad():
                 out, secs = harness.timed(lambda: stacked(model(g, x_dict)), args.repeat)
         else:
@@ -498,6 +546,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=64)
     harness.add_model_args(p, hidden=64, out_dim=32)
     p.add_argument("--bases", type=int, default=4, help="basis matrices of the RGCN weights")
+    p.add_argument("--heads", type=int, default=4, help="attention heads of dgl-gat's GATConvs")
     p.add_argument("--libraries", default="dgl,pyg")
     p.add_argument("--layers", default="2,3")
     p.add_argument("--fractions", default="0.001,0.01")
@@ -636,9 +685,12 @@ def report(args, graph: str, full: list[dict], partial: list[dict], total_s: flo
             + (f" / {manual['scaled_max_abs_diff']:.1e}" if manual else ""),
         ])  # fmt: skip
     lines = [
-        f"RGCN (RelGraphConv, RGCNConv, DGL's rgcn-hetero example), HGT and to_hetero SAGE on the synthetic recommender graph: {store.num_nodes:,} nodes ({types}), "
+        "RGCN (RelGraphConv, RGCNConv, DGL's rgcn-hetero example), HGT, to_hetero SAGE and "
+        "HeteroGraphConv GAT on the synthetic recommender graph: "
+        f"{store.num_nodes:,} nodes ({types}), "
         f"{store.num_edges:,} edges, {len(store.relations)} relations, {store.feature_dim}-dim "
-        f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases; CPU, "
+        f"features; hidden {args.hidden}, out {args.out_dim}, {args.bases} bases, GAT "
+        f"{args.heads} heads; CPU, "
         f"{args.threads} threads ({setup['machine']}); {versions}; hopserve's batch budget "
         f"{args.budget_mb} MiB. Every run of a row "
         "(hopserve and the baselines) used the allocator in the row's name (tcmalloc: "
@@ -701,7 +753,8 @@ def plot(rows: list[dict], path: Path, setup: dict) -> None:
     )
     ax.set_ylabel("seconds (full evaluation)")
     ax.set_title(
-        f"RGCN, HGT, to_hetero SAGE; recommender graph, {setup['graph']['nodes']:,} nodes, CPU",
+        "RGCN, HGT, to_hetero SAGE, HeteroGraphConv GAT; recommender graph, "
+        f"{setup['graph']['nodes']:,} nodes, CPU",
         fontsize=9,
     )
     ax.legend(fontsize=7)
