@@ -71,3 +71,32 @@ def test_batch_block_reads_in_degrees_from_its_csc(num_src, num_dst, num_edges):
     narrow = got.int()
     assert narrow.in_degrees().dtype == torch.int32
     assert torch.equal(narrow.in_degrees().long(), want.in_degrees())
+
+
+def test_the_mean_reduce_of_update_all_reads_the_batch_csc(monkeypatch):
+    """``update_all`` runs on ``block[etype]``, a new block of the one relation; it keeps
+    the batch's CSC, so a mean reduce (``SAGEConv`` mean) divides by the CSC's degrees
+    without DGL's own ``in_degrees`` call per batch (it did, through the view), and equals
+    DGL's block exactly."""
+    import dgl.function as fn
+    from dgl.heterograph import DGLBlock
+
+    gen = torch.Generator().manual_seed(3)
+    dst, indptr, indices, eids, want = _random_csc(40, 15, 200, gen)
+    batch = LayerBatch(torch.arange(40), 15, indptr, indices, eids, layer=1)
+    got = dgl_block(batch)
+    assert got[got.canonical_etypes[0]]._hopserve_csc[0] is indptr
+    calls = []
+    real = DGLBlock.in_degrees
+    monkeypatch.setattr(DGLBlock, "in_degrees", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(40, 4, generator=gen)
+    out = {}
+    for name, g in (("got", got), ("want", want)):
+        with g.local_scope():
+            g.srcdata["h"] = x
+            g.update_all(fn.copy_u("h", "m"), fn.mean("m", "o"))
+            out[name] = g.dstdata["o"]
+        if name == "got":
+            assert calls == []
+    assert calls  # DGL's own block asks DGL
+    assert torch.equal(out["got"], out["want"])

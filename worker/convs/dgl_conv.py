@@ -172,6 +172,15 @@ def _spmm_block_class() -> type:
                 return indptr[1:] - indptr[:-1]
             return super().in_degrees(v, etype)
 
+        def __getitem__(self, key):
+            # update_all runs on ``self[etype]``, a new block of the one relation: it keeps
+            # the CSC, so the mean reduce's in_degrees() there takes the path above too.
+            view = super().__getitem__(key)
+            csc = _own_csc(self)
+            if csc is not None and type(view) is type(self) and len(self.canonical_etypes) == 1:
+                view._hopserve_csc = (csc[0], csc[1], view._graph)
+            return view
+
         def update_all(self, message_func, reduce_func, apply_node_func=None, etype=None):
             out = None
             if apply_node_func is None and etype is None:
