@@ -578,3 +578,86 @@ def test_no_gat_relation_table_outlives_a_layer_that_failed(monkeypatch):
     offsets = {t.name: t.offset for t in store.node_types}
     for t, w in want.items():
         assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+
+
+def _ring_model(num_types: int, special: dict[tuple[str, str], str], width: int = 6):
+    """A typed graph of ``num_types`` types (``t0..``), relations ``t_k -> t_k+1`` and
+    ``t_k -> t_k``, and a two-layer ``HeteroGraphConv`` model over it: SAGE mean per
+    relation, or the kind ``special`` names for a pair of types ("lstm", "gat-residual")."""
+    names = [f"t{k}" for k in range(num_types)]
+    rels = [(names[k], f"r{k}", names[(k + 1) % num_types]) for k in range(num_types)]
+    rels += [(names[k], f"s{k}", names[k]) for k in range(num_types)]
+
+    def conv(rel, layer):
+        d = width if layer == 1 else H
+        kind = special.get((rel[0], rel[2]), "mean")
+        if kind == "gat-residual":
+            return dglnn.GATConv(d, H // 2, 2, residual=True, allow_zero_in_degree=True)
+        return dglnn.SAGEConv(d, H, kind)
+
+    class Ring(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = (
+                dglnn.HeteroGraphConv({r[1]: conv(r, i) for r in rels}, aggregate="sum")
+                for i in (1, 2)
+            )
+
+        def forward(self, g, x):
+            h = {k: F.relu(v.flatten(1)) for k, v in self.c1(g, x).items()}
+            return {k: v.flatten(1) for k, v in self.c2(g, h).items()}
+
+    gen = torch.Generator().manual_seed(num_types)
+    count = 12
+    data = {
+        r: (
+            torch.randint(0, count, (30,), generator=gen),
+            torch.randint(0, count, (30,), generator=gen),
+        )
+        for r in rels
+    }
+    g = dgl.heterograph(data, num_nodes_dict=dict.fromkeys(names, count))
+    for t in names:
+        g.nodes[t].data["feat"] = torch.randn(count, width, generator=gen)
+    torch.manual_seed(num_types)
+    return g, Ring().eval()
+
+
+@pytest.mark.parametrize("pair", [("t0", "t1"), ("t7", "t8"), ("t8", "t0")])
+def test_a_relation_of_any_type_of_many_is_checked_at_load(pair):
+    """Nine types: the probe gives every type connected rows and every pair of types
+    edges (it had 41 rows, the last 4 isolated: from 9 types on, the last type got only
+    those, and its relations were never checked). An LSTM SAGEConv relation (not exact:
+    its messages reach the LSTM in another order than the full graph's) is refused
+    wherever it sits; before, on t7 -> t8 and t8 -> t0 it was served up to 0.74 and 1.2 off.
+    The model of SAGE mean relations only loads and is exact."""
+    g, model = _ring_model(9, {pair: "lstm"})
+    store = GraphStore.from_dgl(g)
+    with pytest.raises(ModelTraceError, match="differs from the model's own forward"):
+        LayerwiseEvaluator(model, store, progress=False)
+    g, model = _ring_model(9, {})
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    store = GraphStore.from_dgl(g)
+    full = LayerwiseEvaluator(model, store, progress=False).evaluate()
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+
+
+def test_a_residual_gat_relation_loads_with_more_types_than_a_small_probe_has_rows():
+    """42 types: more than the 41 rows of the probe it used to get, so some types had no
+    probe row and a residual GATConv relation (which fails on zero rows) was refused; the
+    probe now grows with the types (``max(8, 2T) · T + 8`` rows, at most 4096)."""
+    from hopserve.worker.runtime import make_worker
+
+    pairs = [(f"t{k}", f"t{j}") for k in range(42) for j in (k, (k + 1) % 42)]
+    g, model = _ring_model(42, dict.fromkeys(pairs, "gat-residual"))
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    store = GraphStore.from_dgl(g)
+    entry = make_worker("cpu", worker_id="many-types").add_model("m", "1", model, store)
+    full = entry.evaluator.evaluate()
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")

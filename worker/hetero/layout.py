@@ -79,10 +79,12 @@ def probe_type_ranges(model: Any, num_rows: int) -> Iterator[None]:
 
 def probe_relation_ids(model: Any, edge_index: Tensor, num_rows: int) -> Tensor | None:
     """For a dict model: a relation id per probe edge whose relation's end types are the
-    edge's under :func:`probe_type_ranges` (where one exists; else 0, an edge every typed
-    module leaves out), so each relation gets probe edges (random ids would give it about
-    ``1/T^2`` of its share). Parallel edges and a node's self-loops get the same id. ``None``
-    for a model without a type layout."""
+    edge's under :func:`probe_type_ranges`, so each relation gets probe edges (random ids
+    would give it about ``1/T^2`` of its share). An edge between types no relation joins
+    gets id 0 (a module typing edges by their relation's ends leaves it out; one typing
+    them by destination reads it, in the model's forward and in hopserve alike). Parallel
+    edges and a node's self-loops get the same id. ``None`` for a model without a type
+    layout."""
     layout = getattr(model, "layout", None)
     if not isinstance(layout, TypeLayout):
         return None

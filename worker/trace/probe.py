@@ -21,6 +21,10 @@ LOCAL_REACH = 4
 """A local probe graph's edges join nodes at most this far apart on its ring."""
 
 
+MAX_TYPED_PROBE_NODES = 4096
+"""The largest probe a dict model gets (about 45 node types)."""
+
+
 def probe_graph(num_nodes: int = 41, seed: int = 7, degree: int = 5, local: bool = False) -> Tensor:
     """A small random edge_index with self-loops, duplicates and isolated nodes
     (``degree`` edges a node on average, before the loops and duplicates).
@@ -358,11 +362,20 @@ def probe_edge_index(
     """The probe graph for ``model`` and its node count (:func:`probe_graph` of
     ``num_nodes``, ``degree``, ``local``).
 
+    A dict model's probe (its rows split evenly among its ``T`` node types while it runs,
+    :func:`~hopserve.worker.hetero.layout.probe_type_ranges`) has at least
+    ``max(8, 2T) · T + 8`` nodes (at most :data:`MAX_TYPED_PROBE_NODES`): every type gets
+    connected rows (the last 4 are isolated) and each pair of types about 10 edges.
+
     DGL convs built with ``allow_zero_in_degree=False`` raise on nodes without in-edges,
     so for them every such probe node gets a self-loop (what DGL users add themselves).
     DGL probe edges are listed by (destination, source): DGL's UDF reducers (e.g. the LSTM
     aggregator) read messages in edge-id order, which is then the store's CSC order.
     """
+    layout = getattr(model, "layout", None)
+    types = len(getattr(layout, "names", ()))
+    if types and not local:  # a dict model: every type some rows, each pair ~10 edges
+        num_nodes = max(num_nodes, min(MAX_TYPED_PROBE_NODES, max(8, 2 * types) * types + 8))
     ei = probe_graph(num_nodes, degree=degree, local=local)
     n = int(ei.max()) + 5
     if style != "dgl":
