@@ -243,6 +243,10 @@ def _hetero_gat():
     class HeteroGATLayer(nn.Module):
         def __init__(self, d_in: int, d_out: int, rel_names, heads: int, last: bool) -> None:
             super().__init__()
+            if d_out % heads:
+                raise SystemExit(
+                    f"dgl-gat: a layer's width {d_out} is not a multiple of {heads} heads"
+                )
             self.conv = dglnn.HeteroGraphConv(
                 {r: dglnn.GATConv(d_in, d_out // heads, heads) for r in rel_names},
                 aggregate="sum",
