@@ -633,8 +633,9 @@ def test_a_relation_of_any_type_of_many_is_checked_at_load(pair):
     The model of SAGE mean relations only loads and is exact."""
     g, model = _ring_model(9, {pair: "lstm"})
     store = GraphStore.from_dgl(g)
-    with pytest.raises(ModelTraceError, match="differs from the model's own forward"):
+    with pytest.raises(ModelTraceError, match="differs from the model's own forward") as err:
         LayerwiseEvaluator(model, store, progress=False)
+    assert "LSTM" in str(err.value) and "no node-wise fallback" in str(err.value)
     g, model = _ring_model(9, {})
     with torch.no_grad():
         want = model(g, _inputs(g))

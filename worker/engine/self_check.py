@@ -95,10 +95,24 @@ def _check_on_probe(model, split, ctx: RunContext, probe_graph, reads_v0: bool) 
             err = (got - want).abs().max().item() if got.shape == want.shape else "shape"
             raise ModelTraceError(
                 "layer-wise evaluation differs from the model's own forward on a probe "
-                f"graph (max abs error {err}); an op outside the convs likely mixes "
-                "nodes (e.g. a reduction or softmax over dim 0, graph-level "
-                f"normalization). {NODEWISE_ADVICE}. Schema:\n{split.describe()}"
+                f"graph (max abs error {err}); {_likely_cause(model)}. "
+                f"Schema:\n{split.describe()}"
             )
+
+
+def _likely_cause(model) -> str:  # noqa: ANN001
+    """What a self-check failure most likely means, and what to do about it."""
+    if getattr(model, "layout", None) is not None:  # a dict model: no node-wise fallback
+        return (
+            "a relation conv whose result depends on the order of its messages (e.g. "
+            "SAGEConv's LSTM aggregator) or an op mixing nodes (a reduction or softmax over "
+            "dim 0) is not exact layer by layer, and dict models have no node-wise "
+            "fallback: replace that relation conv or op"
+        )
+    return (
+        "an op outside the convs likely mixes nodes (e.g. a reduction or softmax over dim "
+        f"0, graph-level normalization). {NODEWISE_ADVICE}"
+    )
 
 
 def matches_forward(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-3) -> bool:
