@@ -93,6 +93,22 @@ def _inputs(g) -> dict[str, torch.Tensor]:
     return {t: g.nodes[t].data["feat"] for t in g.ntypes}
 
 
+def _assert_typed_rows(full: torch.Tensor, want: dict, store, what: str = "") -> None:
+    """Every type's served rows (its storage-id range of ``full``) equal ``want[type]``."""
+    offsets = {t.name: t.offset for t in store.node_types}
+    for t, w in want.items():
+        got = full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]]
+        assert_exact(got, w, f"{what} {t}".strip())
+
+
+def _gat_caches(ev) -> list:
+    """The GAT relation table caches of every dict layer of ``ev``."""
+    from hopserve.worker.convs.hetero import DictConvAdapter
+
+    adapters = [a for a in ev.split.adapters.values() if isinstance(a, DictConvAdapter)]
+    return [c for a in adapters for c in a._gat_tables.values()]
+
+
 @pytest.mark.parametrize(
     ("kinds", "aggregate"),
     [
@@ -391,9 +407,7 @@ def test_a_model_of_many_relations_equals_its_forward(monkeypatch):
     store = GraphStore.from_dgl(g)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
     full = ev.evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, t)
+    _assert_typed_rows(full, want, store)
     assert {relation for relation, _, _ in slices} >= {0, len(rels) - 1}
 
 
@@ -460,10 +474,19 @@ def test_a_hooked_gat_relation_runs_its_own_forward(monkeypatch):
     store = GraphStore.from_dgl(g)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
     full = ev.evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"hooked {t}")
+    _assert_typed_rows(full, want, store, "hooked")
     assert calls  # the unhooked second layer still reads its table
+
+
+def _gat_relations_model(seed: int):
+    """A :class:`BiasedRGCN` of GAT relations (plain, residual, one shared fc), its rows
+    per type, and its typed store."""
+    g = _heterograph(seed, counts=(60, 70, 4), edges=(200, 200, 40, 70))
+    torch.manual_seed(seed)
+    model = BiasedRGCN(["gat", "gat-residual", "gat", "gat-shared"], "sum").eval()
+    with torch.no_grad():
+        want = model(g, _inputs(g))
+    return model, want, GraphStore.from_dgl(g)
 
 
 def test_a_gat_relation_s_table_goes_after_its_destination_type_s_last_batch(monkeypatch):
@@ -474,12 +497,7 @@ def test_a_gat_relation_s_table_goes_after_its_destination_type_s_last_batch(mon
     benchmark graph), exact."""
     from hopserve.worker.convs.hetero import DictConvAdapter
 
-    g = _heterograph(7, counts=(60, 70, 4), edges=(200, 200, 40, 70))
-    torch.manual_seed(7)
-    model = BiasedRGCN(["gat", "gat-residual", "gat", "gat-shared"], "sum").eval()
-    with torch.no_grad():
-        want = model(g, _inputs(g))
-    store = GraphStore.from_dgl(g)
+    model, want, store = _gat_relations_model(7)
     last_row = {}  # node type name -> its last storage id (a typed store's types are ranges)
     for t in store.node_types:
         last_row[t.name] = t.offset + t.count - 1
@@ -497,12 +515,9 @@ def test_a_gat_relation_s_table_goes_after_its_destination_type_s_last_batch(mon
     full = ev.evaluate()
     assert min(layer.batches for layer in ev.last_stats.layers) > 5
     assert len(held_past_last) >= 8 and not any(held_past_last)  # 4 relations x 2 layers
-    adapters = [a for a in ev.split.adapters.values() if isinstance(a, DictConvAdapter)]
-    caches = [c for a in adapters for c in a._gat_tables.values()]
+    caches = _gat_caches(ev)
     assert len(caches) == 8 and all(c._entry is None for c in caches)
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+    _assert_typed_rows(full, want, store)
 
 
 def test_the_load_time_checks_run_every_relation_of_a_dict_model(monkeypatch):
@@ -539,9 +554,7 @@ def test_the_load_time_checks_run_every_relation_of_a_dict_model(monkeypatch):
     with torch.no_grad():
         want = model(g, _inputs(g))
     full = entry.evaluator.evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+    _assert_typed_rows(full, want, store)
 
 
 def test_no_gat_relation_table_outlives_a_layer_that_failed(monkeypatch):
@@ -551,12 +564,7 @@ def test_no_gat_relation_table_outlives_a_layer_that_failed(monkeypatch):
     never ran were kept before), and the next evaluation is exact."""
     from hopserve.worker.convs.hetero import DictConvAdapter
 
-    g = _heterograph(9, counts=(60, 70, 4), edges=(200, 200, 40, 70))
-    torch.manual_seed(9)
-    model = BiasedRGCN(["gat", "gat-residual", "gat", "gat-shared"], "sum").eval()
-    with torch.no_grad():
-        want = model(g, _inputs(g))
-    store = GraphStore.from_dgl(g)
+    model, want, store = _gat_relations_model(9)
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=3, progress=False)
     real = DictConvAdapter._gat_relation
     calls = []
@@ -570,14 +578,11 @@ def test_no_gat_relation_table_outlives_a_layer_that_failed(monkeypatch):
     monkeypatch.setattr(DictConvAdapter, "_gat_relation", failing)
     with pytest.raises(KeyError, match="a relation failed"):
         ev.evaluate()
-    adapters = [a for a in ev.split.adapters.values() if isinstance(a, DictConvAdapter)]
-    caches = [c for a in adapters for c in a._gat_tables.values()]
+    caches = _gat_caches(ev)
     assert len(caches) >= 2 and all(c._entry is None for c in caches)
     monkeypatch.setattr(DictConvAdapter, "_gat_relation", real)
     full = ev.evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+    _assert_typed_rows(full, want, store)
 
 
 def _ring_model(num_types: int, special: dict[tuple[str, str], str], width: int = 6):
@@ -641,9 +646,7 @@ def test_a_relation_of_any_type_of_many_is_checked_at_load(pair):
         want = model(g, _inputs(g))
     store = GraphStore.from_dgl(g)
     full = LayerwiseEvaluator(model, store, progress=False).evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+    _assert_typed_rows(full, want, store)
 
 
 def test_a_residual_gat_relation_loads_with_more_types_than_a_small_probe_has_rows():
@@ -659,6 +662,4 @@ def test_a_residual_gat_relation_loads_with_more_types_than_a_small_probe_has_ro
     store = GraphStore.from_dgl(g)
     entry = make_worker("cpu", worker_id="many-types").add_model("m", "1", model, store)
     full = entry.evaluator.evaluate()
-    offsets = {t.name: t.offset for t in store.node_types}
-    for t, w in want.items():
-        assert_exact(full[offsets[t] : offsets[t] + w.shape[0], : w.shape[1]], w, f"{t}")
+    _assert_typed_rows(full, want, store)
