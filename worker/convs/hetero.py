@@ -503,8 +503,7 @@ class DictConvAdapter(_TypedAdapter):
         cache = self._gat_tables.setdefault(key, LayerTableCache())
 
         def make() -> tuple[Tensor, Tensor, Tensor, int, int]:
-            types = layer.layout.types_of(None, x.shape[0], x.device)
-            rows = (types == s).nonzero().squeeze(1)  # the source type's storage ids
+            rows = layer.layout.rows_of(None, x.shape[0], s, x.device)  # source type's ids
             at = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
             at[rows] = torch.arange(rows.numel(), device=x.device)  # storage id -> table row
             h = x.index_select(0, rows)[:, : layer.in_widths[s]]
