@@ -7,7 +7,7 @@ import torch
 
 dgl = pytest.importorskip("dgl", reason="needs DGL: run in .venv-dgl (make dgl-env)")
 
-from hopserve.worker.convs.base import LayerBatch  # noqa: E402
+from hopserve.worker.convs.base import LayerBatch, StoreSliceBatch  # noqa: E402
 from hopserve.worker.convs.dgl_conv import _spmm_block_class, csc_block, dgl_block  # noqa: E402
 
 pytestmark = pytest.mark.dgl
@@ -100,3 +100,67 @@ def test_the_mean_reduce_of_update_all_reads_the_batch_csc(monkeypatch):
             assert calls == []
     assert calls  # DGL's own block asks DGL
     assert torch.equal(out["got"], out["want"])
+
+
+def _full_layer_slice(num_nodes: int, num_edges: int, start: int, end: int, seed: int):
+    """Rows ``start:end`` of a full gather-free layer of a random graph, as the engine
+    builds them (a :class:`StoreSliceBatch`), its store and the features."""
+    from support import random_graph
+
+    from hopserve.worker.engine.batch import build_batch
+    from hopserve.worker.graph.planner import LayerFrontier
+
+    _, x, store = random_graph(num_nodes, num_edges, 6, seed=seed, x_seed=seed + 1)
+    batch = build_batch(store, LayerFrontier(None), start, end, 1, global_src=True)
+    assert isinstance(batch, StoreSliceBatch)
+    return batch, store, x
+
+
+def _convs():
+    import dgl.nn as dglnn
+
+    torch.manual_seed(0)
+    return {
+        "sage-mean": dglnn.SAGEConv(6, 4, "mean"),
+        "sage-pool": dglnn.SAGEConv(6, 4, "pool"),
+        "graphconv": dglnn.GraphConv(6, 4, norm="right", allow_zero_in_degree=True),
+        "gin-max": dglnn.GINConv(None, "max"),
+        "gat": dglnn.GATConv(6, 3, 2, allow_zero_in_degree=True),
+        "gatv2": dglnn.GATv2Conv(6, 3, 2, allow_zero_in_degree=True),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_convs()))
+def test_a_full_layer_slice_is_an_int32_block_over_the_store(name):
+    """A full layer's batch becomes an int32 block whose source ids are the store's own
+    slice (no int64 copy, no arange made for the batch), and a DGL conv on it gives what
+    it gives on ``dgl.create_block`` of the same int64 CSC (the max reducer's argmax edge
+    ids included)."""
+    batch, store, x = _full_layer_slice(300, 2500, 40, 210, seed=5)
+    block = dgl_block(batch)
+    assert block.idtype == torch.int32
+    assert batch._src_index is None and batch._edge_ids is None  # nothing made at int64
+    a = int(store.indptr[40])
+    assert batch.store_indices.data_ptr() == store.indices[a:].data_ptr()
+    want = dgl.create_block(
+        ("csc", (batch.indptr, batch.src_index, torch.arange(batch.num_edges))),
+        num_src_nodes=store.num_nodes,
+        num_dst_nodes=batch.num_dst,
+    )
+    conv = _convs()[name].eval()
+    with torch.no_grad():
+        got = conv(block, (x, batch.dst_rows(x)))
+        ref = conv(want, (x, batch.dst_rows(x)))
+    assert torch.equal(got, ref), name
+
+
+def test_a_slice_over_the_int32_range_keeps_an_int64_block(monkeypatch):
+    """Local edge ids must fit the block's index type: a slice of more edges than an int32
+    holds is built at int64 from the batch's own indexes."""
+    from hopserve.worker.convs import dgl_conv
+
+    batch, _, _ = _full_layer_slice(100, 900, 0, 100, seed=8)
+    monkeypatch.setattr(dgl_conv, "INT32_EDGES", batch.num_edges)
+    block = dgl_block(batch)
+    assert block.idtype == torch.int64
+    assert torch.equal(block.in_degrees(), batch.indptr[1:] - batch.indptr[:-1])

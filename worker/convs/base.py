@@ -10,10 +10,11 @@ indices is the node's own loop.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -162,6 +163,74 @@ class LayerBatch:
             dst_start=self.dst_start,
             sampling=self.sampling,
         )
+
+    def with_layer(self, layer: int) -> LayerBatch:
+        """The same batch for another layer (sharing its caches: a full layer's one-batch
+        block serves every full layer of a run)."""
+        return replace(self, layer=layer)
+
+
+class StoreSliceBatch(LayerBatch):
+    """Rows ``start:end`` of a full layer with global sources, read in place from the store.
+
+    The batch's in-edges are the store CSC's positions ``a:b`` (``a = indptr[start]``),
+    so its sources are the store's own ``indices[a:b]`` and its edge ids ``a … b-1``. This
+    batch keeps the store's slice as it is (:attr:`store_indices`: a view, the store's
+    index dtype, int32) and makes the int64 :attr:`src_index` and :attr:`edge_ids` of the
+    :class:`LayerBatch` contract on first read only: an adapter that reads the slice in
+    place (DGL's int32 blocks, :func:`~hopserve.worker.convs.dgl_conv.dgl_block`) copies
+    no index and makes no arange per batch.
+    """
+
+    def __init__(self, graph: Any, start: int, end: int, layer: int) -> None:
+        a, b = int(graph.indptr[start]), int(graph.indptr[end])
+        self.store_indices = graph.indices[a:b]
+        self.edge_start = a
+        self._src_index: Tensor | None = None
+        self._edge_ids: Tensor | None = None
+        super().__init__(
+            torch.arange(start, end),
+            end - start,
+            graph.indptr[start : end + 1] - a,
+            None,  # made on first read
+            None,
+            layer,
+            global_src_size=graph.num_nodes,
+            dst_start=start,
+            graph=graph,
+        )
+
+    @property
+    def src_index(self) -> Tensor:  # type: ignore[override]
+        """Storage id of each in-edge's source (int64, made from the slice on first read)."""
+        if self._src_index is None:
+            self._src_index = self.store_indices.long()
+        return self._src_index
+
+    @src_index.setter
+    def src_index(self, value: Tensor | None) -> None:
+        self._src_index = value
+
+    @property
+    def edge_ids(self) -> Tensor:  # type: ignore[override]
+        """Store CSC position of each in-edge (int64 ``a … b-1``, made on first read)."""
+        if self._edge_ids is None:
+            a = self.edge_start
+            self._edge_ids = torch.arange(a, a + self.num_edges)
+        return self._edge_ids
+
+    @edge_ids.setter
+    def edge_ids(self, value: Tensor | None) -> None:
+        self._edge_ids = value
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.store_indices.numel())
+
+    def with_layer(self, layer: int) -> LayerBatch:
+        twin = copy.copy(self)  # shares the slice, the int64 indexes once made, the caches
+        twin.layer = layer
+        return twin
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ import threading
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch, StoreSliceBatch
 from hopserve.worker.convs.layer_table import LayerTableCache, csr_weighted_sum, full_layer
 
 # Input-wide rows per edge of convs that keep several per-edge tensors (HGT: gathered
@@ -70,35 +70,48 @@ _EDGE_SCORES = {"GATConv", "DotGatConv", "AGNNConv"}
 SPMM_MIN_EDGES = 32768
 
 
-_ARANGE: list[Tensor] = []  # the shared CPU buffer, once made
+_ARANGE: dict[torch.dtype, Tensor] = {}  # the shared CPU buffers, once made
 _ARANGE_LOCK = threading.Lock()
 SHARED_EDGE_IDS = 1 << 20
-"""Batches of at most this many edges share one int64 arange (8 MiB), made once per process."""
+"""Batches of at most this many edges share one arange per index type (8 MiB int64, 4 MiB
+int32), made once per process."""
+INT32_EDGES = 2**31 - 1
+"""A store slice of fewer edges becomes an int32 block (its local edge ids fit)."""
 
 
-def local_edge_ids(n: int, device: torch.device) -> Tensor:
-    """``arange(n)`` (int64): on the CPU and for ``n <= SHARED_EDGE_IDS`` a view of one
-    shared buffer (every batch's block stores its local edge ids, and a new ``[E]`` arange
-    per batch and layer is work a view does not cost); a new arange otherwise, so nothing
-    larger outlives its batch. Read-only: DGL keeps it as the block's edge ids."""
+def local_edge_ids(n: int, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+    """``arange(n)`` of ``dtype``: on the CPU and for ``n <= SHARED_EDGE_IDS`` a view of
+    one shared buffer (every batch's block stores its local edge ids, and a new ``[E]``
+    arange per batch and layer is work a view does not cost); a new arange otherwise, so
+    nothing larger outlives its batch. Read-only: DGL keeps it as the block's edge ids."""
     if device.type != "cpu" or n > SHARED_EDGE_IDS:
-        return torch.arange(n, device=device)
-    if not _ARANGE:
+        return torch.arange(n, device=device, dtype=dtype)
+    shared = _ARANGE.get(dtype)
+    if shared is None:
         with _ARANGE_LOCK:
-            if not _ARANGE:
-                _ARANGE.append(torch.arange(SHARED_EDGE_IDS))
-    return _ARANGE[0][:n]
+            shared = _ARANGE.setdefault(dtype, torch.arange(SHARED_EDGE_IDS, dtype=dtype))
+    return shared[:n]
 
 
 def dgl_block(batch: LayerBatch):
-    """The DGL block of ``batch`` (cached on it, so convs of one layer share it)."""
+    """The DGL block of ``batch`` (cached on it, so convs of one layer share it).
+
+    A :class:`~hopserve.worker.convs.base.StoreSliceBatch` becomes an int32 block over the
+    store's own index slice (DGL's kernels take either index type): no int64 copy of the
+    batch's sources, no arange of its edge ids."""
     cached = batch._cache.get("dgl_block")
     if cached is None:
-        # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them stored.
-        eids = batch._cache.get("local_edge_ids")
-        if eids is None:
-            eids = local_edge_ids(batch.num_edges, batch.indptr.device)
-        cached = hopserve_block(batch.indptr, batch.src_index, eids, batch.num_src, batch.num_dst)
+        if isinstance(batch, StoreSliceBatch) and batch.num_edges < INT32_EDGES:
+            indices = batch.store_indices
+            indptr = batch.indptr.to(indices.dtype)
+            eids = local_edge_ids(batch.num_edges, indices.device, indices.dtype)
+        else:
+            indices, indptr = batch.src_index, batch.indptr
+            # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them.
+            eids = batch._cache.get("local_edge_ids")
+            if eids is None:
+                eids = local_edge_ids(batch.num_edges, batch.indptr.device)
+        cached = hopserve_block(indptr, indices, eids, batch.num_src, batch.num_dst)
         batch._cache["dgl_block"] = cached
     return cached
 

@@ -10,13 +10,13 @@ CUDA, issues their copies on a side stream.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from hopserve.worker.convs.base import LayerBatch, Sampling
+from hopserve.worker.convs.base import LayerBatch, Sampling, StoreSliceBatch
 from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.graph.planner import LayerFrontier, segment_positions
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
@@ -53,13 +53,16 @@ def build_batch(
     seed), so adapters can take degree statistics from the sampled graph. With the graph
     ``resident`` on the GPU, a block of a full layer is built there from slices of the
     device CSC (nothing built on the host, nothing copied; with global sources, nothing
-    more than the slices).
+    more than the slices). On the host, a full layer's batch with global sources is a
+    :class:`~hopserve.worker.convs.base.StoreSliceBatch`: the store's CSC slice in place.
     """
     on_device = (
         resident is not None and frontier.nodes is None and not frontier.sampled and layer > 0
     )
     if on_device and global_src:
         return _resident_block(graph, resident, start, end, layer)
+    if global_src and layer > 0 and frontier.nodes is None and not frontier.sampled:
+        return StoreSliceBatch(graph, start, end, layer)  # the store's CSC slice, in place
     device = resident.indices.device if on_device else torch.device("cpu")
     if frontier.nodes is None:
         dst = torch.arange(start, end, device=device)
@@ -97,7 +100,7 @@ def build_batch(
         torch.cumsum(torch.from_numpy(counts), 0, out=indptr[1:])
 
     if global_src:
-        batch = LayerBatch(
+        return LayerBatch(
             dst,
             num_dst,
             indptr,
@@ -107,10 +110,7 @@ def build_batch(
             global_src_size=graph.num_nodes,
             dst_start=start if frontier.nodes is None else None,
             sampling=sampling,
-            graph=graph if frontier.nodes is None and not frontier.sampled else None,
         )
-        _note_local_edge_ids(batch, frontier, start)
-        return batch
     if frontier.nodes is None:  # dst = start..end-1
         is_dst = (src >= start) & (src < end)
         dst_pos = src - start
@@ -238,7 +238,7 @@ def prepare(
         )
         batch = whole_batches.get(gather_free) if whole else None
         if batch is not None:
-            batch = replace(batch, layer=block.index)  # shares the block and its caches
+            batch = batch.with_layer(block.index)  # shares the block and its caches
         else:
             batch = build_batch(
                 graph, frontier, start, end, block.index, global_src=gather_free, resident=resident
