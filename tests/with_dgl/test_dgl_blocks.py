@@ -157,10 +157,10 @@ def test_a_full_layer_slice_is_an_int32_block_over_the_store(name):
 def test_a_slice_over_the_int32_range_keeps_an_int64_block(monkeypatch):
     """Local edge ids must fit the block's index type: a slice of more edges than an int32
     holds is built at int64 from the batch's own indexes."""
-    from hopserve.worker.convs import dgl_conv
+    from hopserve.worker.convs import base
 
     batch, _, _ = _full_layer_slice(100, 900, 0, 100, seed=8)
-    monkeypatch.setattr(dgl_conv, "INT32_EDGES", batch.num_edges)
+    monkeypatch.setattr(base, "INT32_MAX", batch.num_edges - 1)
     block = dgl_block(batch)
     assert block.idtype == torch.int64
     assert torch.equal(block.in_degrees(), batch.indptr[1:] - batch.indptr[:-1])

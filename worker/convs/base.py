@@ -169,6 +169,15 @@ class LayerBatch:
         block serves every full layer of a run)."""
         return replace(self, layer=layer)
 
+    def csc(self) -> tuple[Tensor, Tensor]:
+        """``(indptr, src_index)`` in the narrowest index type at hand, for kernels that
+        take either (DGL blocks, torch CSR SpMM, indexing): int64 here."""
+        return self.indptr, self.src_index
+
+
+INT32_MAX = 2**31 - 1
+"""A store slice of at most this many edges keeps int32 offsets (and local edge ids)."""
+
 
 class StoreSliceBatch(LayerBatch):
     """Rows ``start:end`` of a full layer with global sources, read in place from the store.
@@ -226,6 +235,17 @@ class StoreSliceBatch(LayerBatch):
     @property
     def num_edges(self) -> int:
         return int(self.store_indices.numel())
+
+    def csc(self) -> tuple[Tensor, Tensor]:
+        """The store's slice as it is (int32 sources and offsets while the batch's edges
+        fit an int32; int64 otherwise)."""
+        indices = self.store_indices
+        if indices.dtype != torch.int32 or self.num_edges > INT32_MAX:
+            return self.indptr, self.src_index
+        csc = self._cache.get("csc32")
+        if csc is None:
+            csc = self._cache["csc32"] = (self.indptr.to(torch.int32), indices)
+        return csc
 
     def with_layer(self, layer: int) -> LayerBatch:
         twin = copy.copy(self)  # shares the slice, the int64 indexes once made, the caches

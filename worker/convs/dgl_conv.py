@@ -53,7 +53,7 @@ import threading
 import torch
 from torch import Tensor, nn
 
-from hopserve.worker.convs.base import ConvAdapter, LayerBatch, StoreSliceBatch
+from hopserve.worker.convs.base import ConvAdapter, LayerBatch
 from hopserve.worker.convs.layer_table import LayerTableCache, csr_weighted_sum, full_layer
 
 # Input-wide rows per edge of convs that keep several per-edge tensors (HGT: gathered
@@ -75,8 +75,6 @@ _ARANGE_LOCK = threading.Lock()
 SHARED_EDGE_IDS = 1 << 20
 """Batches of at most this many edges share one arange per index type (8 MiB int64, 4 MiB
 int32), made once per process."""
-INT32_EDGES = 2**31 - 1
-"""A store slice of fewer edges becomes an int32 block (its local edge ids fit)."""
 
 
 def local_edge_ids(n: int, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
@@ -97,20 +95,16 @@ def dgl_block(batch: LayerBatch):
     """The DGL block of ``batch`` (cached on it, so convs of one layer share it).
 
     A :class:`~hopserve.worker.convs.base.StoreSliceBatch` becomes an int32 block over the
-    store's own index slice (DGL's kernels take either index type): no int64 copy of the
-    batch's sources, no arange of its edge ids."""
+    store's own index slice (:meth:`~hopserve.worker.convs.base.LayerBatch.csc`; DGL's
+    kernels take either index type): no int64 copy of the batch's sources, no arange of
+    its edge ids."""
     cached = batch._cache.get("dgl_block")
     if cached is None:
-        if isinstance(batch, StoreSliceBatch) and batch.num_edges < INT32_EDGES:
-            indices = batch.store_indices
-            indptr = batch.indptr.to(indices.dtype)
+        indptr, indices = batch.csc()
+        # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them.
+        eids = batch._cache.get("local_edge_ids") if indices.dtype == torch.int64 else None
+        if eids is None:
             eids = local_edge_ids(batch.num_edges, indices.device, indices.dtype)
-        else:
-            indices, indptr = batch.src_index, batch.indptr
-            # Explicit edge ids (CSC positions): DGL's max/min SpMM kernels need them.
-            eids = batch._cache.get("local_edge_ids")
-            if eids is None:
-                eids = local_edge_ids(batch.num_edges, batch.indptr.device)
         cached = hopserve_block(indptr, indices, eids, batch.num_src, batch.num_dst)
         batch._cache["dgl_block"] = cached
     return cached

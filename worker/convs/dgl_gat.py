@@ -113,17 +113,15 @@ class DGLGATAdapter(FullLayerPath, DGLConvAdapter):
         dst_index = torch.repeat_interleave(
             torch.arange(batch.num_dst, device=x.device), batch.indptr.diff()
         )
-        e = conv.leaky_relu(el[batch.src_index] + er[dst_index])
+        indptr, indices = batch.csc()
+        e = conv.leaky_relu(el[indices] + er[dst_index])
         att = dgl.ops.edge_softmax(dgl_block(batch), e)
         if self.edge_inputs:
             w = self.edge_values(batch)["edge_weight"]
             att = att * w.tile(1, heads, 1).transpose(0, 2)
         size = (batch.num_dst, x.shape[0])
         rst = torch.stack(
-            [
-                csr_weighted_sum(batch.indptr, batch.src_index, att[:, h, 0], ft[h], size)
-                for h in range(heads)
-            ],
+            [csr_weighted_sum(indptr, indices, att[:, h, 0], ft[h], size) for h in range(heads)],
             dim=1,
         )
         if conv.res_fc is not None:

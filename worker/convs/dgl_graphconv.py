@@ -204,7 +204,7 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             raise RuntimeError(
                 f"layer {batch.layer}: GraphConv's input was freed without its table"
             )
-        scale = norm.to(x.device)[batch.src_index]
+        scale = norm.to(x.device)[batch.csc()[1]]
         return self._aggregate(x, batch, projected=False, edge_scale=scale)
 
     @property
@@ -267,7 +267,8 @@ class DGLGraphConvAdapter(DGLConvAdapter):
             rst = dgl.ops.copy_u_sum(block, src)
         elif src.dim() == 2:  # DGL's u_mul_e_sum, as a torch CSR SpMM (same sums)
             size = (batch.num_dst, block.num_src_nodes())
-            rst = csr_weighted_sum(batch.indptr, batch.src_index, user.to(src.dtype), src, size)
+            indptr, indices = batch.csc()
+            rst = csr_weighted_sum(indptr, indices, user.to(src.dtype), src, size)
         else:  # DGL's u_mul_e with the model's weights; the norms stay unweighted degrees
             e = user.to(src.dtype).reshape((-1,) + (1,) * (src.dim() - 1))
             rst = dgl.ops.u_mul_e_sum(block, src, e)

@@ -66,3 +66,22 @@ def test_only_full_host_layers_read_the_store_in_place(store):
     assert type(build_batch(store, rows, 0, 20, 1, global_src=True)) is LayerBatch
     assert type(build_batch(store, LayerFrontier(None), 0, 20, 1)) is LayerBatch
     assert type(build_batch(store, LayerFrontier(None), 0, 20, 0, global_src=True)) is LayerBatch
+
+
+def test_a_slice_hands_kernels_its_int32_csc(store, monkeypatch):
+    """``csc()``: a slice's own int32 sources and offsets (no int64 made), a plain batch's
+    int64 indexes, and a slice of more edges than int32 offsets hold its int64 ones."""
+    from hopserve.worker.convs import base
+
+    batch = build_batch(store, LayerFrontier(None), 7, 90, 1, global_src=True)
+    indptr, indices = batch.csc()
+    assert (indptr.dtype, indices.dtype) == (torch.int32, torch.int32)
+    assert indices is batch.store_indices and batch._src_index is None
+    assert torch.equal(indptr.long(), batch.indptr)
+    plain = build_batch(store, LayerFrontier(None), 7, 90, 1)
+    assert all(a is b for a, b in zip(plain.csc(), (plain.indptr, plain.src_index), strict=True))
+    wide = build_batch(store, LayerFrontier(None), 7, 90, 1, global_src=True)
+    monkeypatch.setattr(base, "INT32_MAX", wide.num_edges - 1)
+    indptr, indices = wide.csc()
+    assert (indptr.dtype, indices.dtype) == (torch.int64, torch.int64)
+    assert torch.equal(indices, wide.src_index)
