@@ -209,6 +209,37 @@ class OneConv(nn.Module):
         return self.conv(x, edge_index)
 
 
+class SkipCat(nn.Module):
+    """Three SAGE layers; the last block reads layer 1 at its destinations only (JKNet's
+    concatenation) and runs ``tail`` on the concatenation (a write into its own tensor,
+    harmless, but seen: the check does not follow aliases). torch.fx records ``z += y``
+    as an out-of-place add and cannot trace ``z[i] = v`` at all."""
+
+    def __init__(self, tail: str = "none") -> None:
+        super().__init__()
+        self.convs = nn.ModuleList([SAGEConv(6, 8), SAGEConv(8, 8), SAGEConv(8, 8)])
+        self.lin = nn.Linear(24, 4)
+        self.act = nn.ReLU(inplace=tail == "module")
+        self.tail = tail
+
+    def forward(self, x, edge_index):
+        h1 = self.convs[0](x, edge_index).relu()
+        h2 = self.convs[1](h1, edge_index).relu()
+        h3 = self.convs[2](h2, edge_index)
+        z = torch.cat([h1, h2, h3], dim=-1)
+        if self.tail == "method":
+            z = z.mul_(2.0)
+        elif self.tail == "function":
+            z = torch.relu_(z)
+        elif self.tail == "out":
+            z = torch.mul(z, 2.0, out=z)
+        elif self.tail == "keyword":
+            z = F.relu(z - 0.5, inplace=True)
+        elif self.tail == "module":
+            z = self.act(z - 0.5)
+        return self.lin(z)
+
+
 class GCNII(nn.Module):
     """GCNII as its authors' PyG example writes it: ``x_0 = relu(lin_in(x))``, then
     ``layers`` initial-residual convs each reading ``x_0`` (``GCN2Conv``, or FAGCN's

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from hopserve.worker.convs.base import LayerBatch, Sampling, StoreSliceBatch
+from hopserve.worker.convs.layer_table import is_stand_in
 from hopserve.worker.engine.device_graph import DeviceGraph
 from hopserve.worker.graph.planner import LayerFrontier, segment_positions
 from hopserve.worker.trace.blocks import FEATURES, ConvBlock, ModelSplit
@@ -188,6 +189,24 @@ def row_positions(rows: Tensor | None, ids: Tensor, what: str = "a stored layer"
     return pos
 
 
+def _dst_view(
+    spec, batch: LayerBatch, block: ConvBlock, features: Tensor, stored: dict
+) -> Tensor | None:
+    """Destination rows read in place: a view of the value's table, where the batch's
+    destinations are a contiguous run of storage ids (a full layer), the value is stored
+    for every node, float32, and the block writes into no tensor it did not create
+    (:attr:`~hopserve.worker.trace.blocks.ConvBlock.writes_in_place`). ``None``: gather."""
+    if spec.rows == SRC or batch.dst_start is None or block.writes_in_place:
+        return None
+    if spec.producer == FEATURES:
+        table, rows = features, None
+    else:
+        table, rows = stored[spec.name]
+    if rows is not None or table.dtype != torch.float32 or is_stand_in(table):
+        return None
+    return table[batch.dst_start : batch.dst_start + batch.num_dst]
+
+
 @dataclass
 class PreparedBatch:
     """A block and its inputs, ready to compute (on the device when CUDA)."""
@@ -251,6 +270,10 @@ def prepare(
             if gather_free and spec.rows == SRC:  # the whole node table, no copy
                 table = features if spec.producer == FEATURES else stored[spec.name][0]
                 inputs.append(table)
+                continue
+            view = _dst_view(spec, batch, block, features, stored)
+            if view is not None:  # the destinations' rows in place: nothing copied
+                inputs.append(view)
                 continue
             ids = batch.src_nodes if spec.rows == SRC else batch.dst_nodes
             if spec.producer == FEATURES:

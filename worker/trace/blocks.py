@@ -10,6 +10,8 @@ layer of the model, DGI's ConvBlock; a *batch* is a slice of one layer's frontie
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass, field
 
 from torch import Tensor, fx
@@ -51,6 +53,47 @@ class ConvBlock:
     @property
     def has_edges(self) -> bool:
         return self.index > 0
+
+    @functools.cached_property
+    def writes_in_place(self) -> bool:
+        """Whether any op of the block may write into a tensor it did not create: an
+        in-place method or function (``relu_``, ``x += y``, ``x[i] = v``), an
+        ``inplace=True`` or ``out=`` argument, a module built ``inplace=True``, or a
+        module that is neither a conv (run by its adapter) nor one of ``torch.nn``'s.
+        Conservative: a block without any may be handed views of stored values."""
+        for node in self.module.graph.nodes:
+            if node.kwargs.get("inplace") is True or "out" in node.kwargs:
+                return True
+            if node.op == "call_method" and _in_place_name(node.target):
+                return True
+            if node.op == "call_function" and (
+                node.target in _IN_PLACE_OPERATORS
+                or _in_place_name(getattr(node.target, "__name__", ""))
+            ):
+                return True
+            if node.op == "call_module" and not node.target.startswith("adapters."):
+                module = self.module.get_submodule(node.target)
+                if getattr(module, "inplace", False) or not _torch_nn_module(module):
+                    return True
+        return False
+
+
+_IN_PLACE_OPERATORS = frozenset(
+    getattr(operator, f"i{name}")
+    for name in (
+        "add", "and", "floordiv", "lshift", "matmul", "mod", "mul", "or", "pow", "rshift",
+        "sub", "truediv", "xor",
+    )
+) | {operator.setitem}  # fmt: skip
+
+
+def _in_place_name(name: str) -> bool:
+    """PyTorch's naming convention: ``add_``, ``relu_`` write into their first argument."""
+    return name.endswith("_") and not name.startswith("_")
+
+
+def _torch_nn_module(module) -> bool:  # noqa: ANN001 - an nn.Module
+    return type(module).__module__.startswith("torch.nn.")
 
 
 @dataclass

@@ -291,3 +291,37 @@ def test_a_layer_that_fails_midway_drops_its_derived_tables(graph, monkeypatch):
     assert all(a._source._entry is None for a in ev.split.adapters.values())
     with torch.no_grad():
         assert_exact(ev.evaluate(), model(x, edge_index), "after a failed run")
+
+
+@pytest.mark.parametrize("tail", ["none", "method"])
+def test_destination_rows_of_a_full_layer_are_read_in_place(graph, tail, monkeypatch):
+    """A block reading an earlier layer at its destinations only (JKNet's concatenation)
+    gets a view of that layer's table on a full layer, not a copy; a block that writes
+    into a tensor in place gets copies. Both are exact."""
+    from support.models import SkipCat
+
+    from hopserve.worker.engine import run as run_module
+
+    edge_index, _, store = graph
+    x = torch.randn(store.num_nodes, 6, generator=torch.Generator().manual_seed(3))
+    store = type(store).from_edge_index(edge_index, x)
+    torch.manual_seed(0)
+    model = SkipCat(tail).eval()
+    ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
+    last = ev.split.blocks[-1]
+    dst_specs = [i for i, s in enumerate(last.inputs) if s.rows == "dst"]
+    assert dst_specs and last.writes_in_place == (tail != "none")
+    seen = []
+    real = run_module.prepare
+
+    def spy(*args, **kwargs):
+        prepared = real(*args, **kwargs)
+        if args[2] is last:
+            seen.extend(prepared.inputs[i]._base is not None for i in dst_specs)
+        return prepared
+
+    monkeypatch.setattr(run_module, "prepare", spy)
+    with torch.no_grad():
+        assert_exact(ev.evaluate(), model(x, edge_index), tail)
+    assert len(seen) == ev.last_stats.layers[-1].batches > 1
+    assert all(seen) if tail == "none" else not any(seen)
