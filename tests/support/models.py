@@ -209,11 +209,20 @@ class OneConv(nn.Module):
         return self.conv(x, edge_index)
 
 
+def _scale_into(t, h):  # an fx.wrap'd helper: hopserve cannot see inside it
+    t.mul_(2.0)
+    return t + h
+
+
+torch.fx.wrap("_scale_into")
+
+
 class SkipCat(nn.Module):
-    """Three SAGE layers; the last block reads layer 1 at its destinations only (JKNet's
-    concatenation) and runs ``tail`` on the concatenation (a write into its own tensor,
-    harmless, but seen: the check does not follow aliases). torch.fx records ``z += y``
-    as an out-of-place add and cannot trace ``z[i] = v`` at all."""
+    """Three SAGE layers; the last block reads layer 1 (``h1``) at its destinations only
+    (JKNet's concatenation). ``tail`` then writes in place: into the block's own tensors
+    (``method``, ``function``, ``out``, ``keyword``, ``module``: harmless) or into ``h1``,
+    one of its inputs (``input-method``, ``input-out``, ``input-aten``, ``input-helper``).
+    torch.fx records ``z += y`` as an out-of-place add and cannot trace ``z[i] = v``."""
 
     def __init__(self, tail: str = "none") -> None:
         super().__init__()
@@ -226,18 +235,41 @@ class SkipCat(nn.Module):
         h1 = self.convs[0](x, edge_index).relu()
         h2 = self.convs[1](h1, edge_index).relu()
         h3 = self.convs[2](h2, edge_index)
+        tail = self.tail
+        if tail == "input-method":
+            h1 = h1.add_(h3)
+        elif tail == "input-out":
+            h1 = torch.add(h1, h3, out=h1)
+        elif tail == "input-aten":
+            h1 = torch.ops.aten.add_.Tensor(h1, h3)
+        elif tail == "input-helper":
+            h1 = _scale_into(h1, h3)
         z = torch.cat([h1, h2, h3], dim=-1)
-        if self.tail == "method":
+        if tail == "method":
             z = z.mul_(2.0)
-        elif self.tail == "function":
+        elif tail == "function":
             z = torch.relu_(z)
-        elif self.tail == "out":
+        elif tail == "out":
             z = torch.mul(z, 2.0, out=z)
-        elif self.tail == "keyword":
+        elif tail == "keyword":
             z = F.relu(z - 0.5, inplace=True)
-        elif self.tail == "module":
+        elif tail == "module":
             z = self.act(z - 0.5)
         return self.lin(z)
+
+
+class ReadAndWrite(nn.Module):
+    """A layer read by a conv over its source rows and written in place at its
+    destinations in the same block (``h2 + h1.mul_(2)``): batches must not share it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = SAGEConv(6, 8), SAGEConv(8, 8)
+
+    def forward(self, x, edge_index):
+        h1 = self.c1(x, edge_index).relu()
+        h2 = self.c2(h1, edge_index)
+        return h2 + h1.mul_(2.0)
 
 
 class GCNII(nn.Module):

@@ -301,11 +301,13 @@ class LayerwiseRun:
         """Whether every source-row input can be handed over whole (no per-batch gather).
 
         Needs: only convs read it over source rows and each adapter accepts global
-        sources (some on full layers only), and the value is stored for all nodes
-        (indexed by storage id) on the compute device.
+        sources (some on full layers only), the value is stored for all nodes (indexed
+        by storage id) on the compute device, and the block writes into none of its
+        inputs (:attr:`~hopserve.worker.trace.blocks.ConvBlock.writes_in_place`: a batch
+        would change rows the next batch's convs read, or the graph's features).
         """
         specs = [s for s in block.inputs if s.rows == SRC]
-        if not specs or block.index == 0:
+        if not specs or block.index == 0 or block.writes_in_place:
             return False
         adapters = self.ctx.split.adapters
         full = self.plan.layers[block.index].nodes is None  # every node a destination

@@ -11,12 +11,12 @@ layer of the model, DGI's ConvBlock; a *batch* is a slice of one layer's frontie
 from __future__ import annotations
 
 import functools
-import operator
 from dataclasses import dataclass, field
 
 from torch import Tensor, fx
 
 from hopserve.worker.convs.base import ConvAdapter, LayerBatch
+from hopserve.worker.trace.in_place import writes_into_inputs
 
 FEATURES = -1  # producer id of the raw node features (the graph store)
 
@@ -56,44 +56,10 @@ class ConvBlock:
 
     @functools.cached_property
     def writes_in_place(self) -> bool:
-        """Whether any op of the block may write into a tensor it did not create: an
-        in-place method or function (``relu_``, ``x += y``, ``x[i] = v``), an
-        ``inplace=True`` or ``out=`` argument, a module built ``inplace=True``, or a
-        module that is neither a conv (run by its adapter) nor one of ``torch.nn``'s.
-        Conservative: a block without any may be handed views of stored values."""
-        for node in self.module.graph.nodes:
-            if node.kwargs.get("inplace") is True or "out" in node.kwargs:
-                return True
-            if node.op == "call_method" and _in_place_name(node.target):
-                return True
-            if node.op == "call_function" and (
-                node.target in _IN_PLACE_OPERATORS
-                or _in_place_name(getattr(node.target, "__name__", ""))
-            ):
-                return True
-            if node.op == "call_module" and not node.target.startswith("adapters."):
-                module = self.module.get_submodule(node.target)
-                if getattr(module, "inplace", False) or not _torch_nn_module(module):
-                    return True
-        return False
-
-
-_IN_PLACE_OPERATORS = frozenset(
-    getattr(operator, f"i{name}")
-    for name in (
-        "add", "and", "floordiv", "lshift", "matmul", "mod", "mul", "or", "pow", "rshift",
-        "sub", "truediv", "xor",
-    )
-) | {operator.setitem}  # fmt: skip
-
-
-def _in_place_name(name: str) -> bool:
-    """PyTorch's naming convention: ``add_``, ``relu_`` write into their first argument."""
-    return name.endswith("_") and not name.startswith("_")
-
-
-def _torch_nn_module(module) -> bool:  # noqa: ANN001 - an nn.Module
-    return type(module).__module__.startswith("torch.nn.")
+        """Whether an op of the block may write into memory one of its inputs shares (a
+        stored layer, the graph's features): then the block gets copies, never views or
+        whole tables (:func:`~.in_place.writes_into_inputs`)."""
+        return writes_into_inputs(self.module)
 
 
 @dataclass

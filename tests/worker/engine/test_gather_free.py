@@ -293,11 +293,12 @@ def test_a_layer_that_fails_midway_drops_its_derived_tables(graph, monkeypatch):
         assert_exact(ev.evaluate(), model(x, edge_index), "after a failed run")
 
 
-@pytest.mark.parametrize("tail", ["none", "method"])
+@pytest.mark.parametrize("tail", ["none", "method", "input-helper"])
 def test_destination_rows_of_a_full_layer_are_read_in_place(graph, tail, monkeypatch):
     """A block reading an earlier layer at its destinations only (JKNet's concatenation)
-    gets a view of that layer's table on a full layer, not a copy; a block that writes
-    into a tensor in place gets copies. Both are exact."""
+    gets a view of that layer's table on a full layer, not a copy, also when it writes
+    into its own tensors in place; a block that may write into an input gets copies (an
+    ``fx.wrap``'d helper may). All are exact."""
     from support.models import SkipCat
 
     from hopserve.worker.engine import run as run_module
@@ -310,7 +311,7 @@ def test_destination_rows_of_a_full_layer_are_read_in_place(graph, tail, monkeyp
     ev = LayerwiseEvaluator(model, store, init_batch_nodes=64)
     last = ev.split.blocks[-1]
     dst_specs = [i for i, s in enumerate(last.inputs) if s.rows == "dst"]
-    assert dst_specs and last.writes_in_place == (tail != "none")
+    assert dst_specs and last.writes_in_place == tail.startswith("input")
     seen = []
     real = run_module.prepare
 
@@ -322,6 +323,6 @@ def test_destination_rows_of_a_full_layer_are_read_in_place(graph, tail, monkeyp
 
     monkeypatch.setattr(run_module, "prepare", spy)
     with torch.no_grad():
-        assert_exact(ev.evaluate(), model(x, edge_index), tail)
+        assert_exact(ev.evaluate(), model(x.clone(), edge_index), tail)
     assert len(seen) == ev.last_stats.layers[-1].batches > 1
-    assert all(seen) if tail == "none" else not any(seen)
+    assert not any(seen) if tail.startswith("input") else all(seen)
