@@ -163,4 +163,30 @@ def test_a_slice_over_the_int32_range_keeps_an_int64_block(monkeypatch):
     monkeypatch.setattr(base, "INT32_MAX", batch.num_edges - 1)
     block = dgl_block(batch)
     assert block.idtype == torch.int64
-    assert torch.equal(block.in_degrees(), batch.indptr[1:] - batch.indptr[:-1])
+    degrees = block.in_degrees()
+    assert degrees.dtype == torch.int64
+    assert torch.equal(degrees, batch.indptr[1:] - batch.indptr[:-1])
+
+
+@pytest.mark.parametrize("name", ["graphconv", "gat"])
+def test_an_int32_block_s_torch_spmm_sums_equal_dgl_s(name, monkeypatch):
+    """The block's ``u_mul_e`` sums (edge weights, attention) run as a torch CSR SpMM over
+    the slice's int32 CSC, at every batch size: the same as DGL's kernel on an int64
+    block."""
+    from hopserve.worker.convs import dgl_conv
+
+    monkeypatch.setattr(dgl_conv, "SPMM_MIN_EDGES", 0)
+    batch, store, x = _full_layer_slice(300, 2500, 40, 210, seed=6)
+    block = dgl_block(batch)
+    assert block.idtype == torch.int32 and dgl_conv._own_csc(block)[1].dtype == torch.int32
+    want = dgl.create_block(
+        ("csc", (batch.indptr, batch.src_index, torch.arange(batch.num_edges))),
+        num_src_nodes=store.num_nodes,
+        num_dst_nodes=batch.num_dst,
+    )
+    conv = _convs()[name].eval()
+    weight = {"edge_weight": torch.rand(batch.num_edges) + 0.5} if name == "graphconv" else {}
+    with torch.no_grad():
+        got = conv(block, (x, batch.dst_rows(x)), **weight)
+        ref = conv(want, (x, batch.dst_rows(x)), **weight)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -211,9 +211,10 @@ class StoreSliceBatch(LayerBatch):
 
     @property
     def src_index(self) -> Tensor:  # type: ignore[override]
-        """Storage id of each in-edge's source (int64, made from the slice on first read)."""
+        """Storage id of each in-edge's source (int64, made from the slice on first read,
+        shared with the batch's twins for other layers)."""
         if self._src_index is None:
-            self._src_index = self.store_indices.long()
+            self._src_index = self._shared("src_index", self.store_indices.long)
         return self._src_index
 
     @src_index.setter
@@ -225,7 +226,7 @@ class StoreSliceBatch(LayerBatch):
         """Store CSC position of each in-edge (int64 ``a … b-1``, made on first read)."""
         if self._edge_ids is None:
             a = self.edge_start
-            self._edge_ids = torch.arange(a, a + self.num_edges)
+            self._edge_ids = self._shared("edge_ids", lambda: torch.arange(a, a + self.num_edges))
         return self._edge_ids
 
     @edge_ids.setter
@@ -247,8 +248,18 @@ class StoreSliceBatch(LayerBatch):
             csc = self._cache["csc32"] = (self.indptr.to(torch.int32), indices)
         return csc
 
+    def _shared(self, key: str, make) -> Tensor:  # noqa: ANN001 - () -> Tensor
+        """``make()`` once for the batch and its twins (they share ``_cache``)."""
+        made = self._cache.get(key)
+        if made is None:
+            made = self._cache[key] = make()
+        return made
+
     def with_layer(self, layer: int) -> LayerBatch:
-        twin = copy.copy(self)  # shares the slice, the int64 indexes once made, the caches
+        """The batch for another layer: it shares the slice, the caches and the int64
+        indexes, made before or after. (``dataclasses.replace`` cannot build this class:
+        its ``__init__`` takes the store slice, not the fields.)"""
+        twin = copy.copy(self)
         twin.layer = layer
         return twin
 

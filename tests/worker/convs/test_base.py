@@ -49,6 +49,9 @@ def test_a_slice_for_another_layer_shares_what_it_made(store):
     assert isinstance(twin, StoreSliceBatch) and (twin.layer, batch.layer) == (3, 1)
     assert twin._cache is batch._cache and twin.src_index is src
     assert twin.store_indices is batch.store_indices
+    later = batch.with_layer(2)
+    edge_ids = twin.edge_ids  # made after both twins were: still made once
+    assert later.edge_ids is edge_ids and batch.edge_ids is edge_ids
 
 
 def test_a_slice_moved_to_a_device_is_a_plain_batch(store):
