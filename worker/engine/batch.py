@@ -204,7 +204,7 @@ def _dst_view(
         table, rows = stored[spec.name]
     if rows is not None or table.dtype != torch.float32 or is_stand_in(table):
         return None
-    return table[batch.dst_start : batch.dst_start + batch.num_dst]
+    return batch.dst_rows(table)  # a slice: the destinations are contiguous
 
 
 @dataclass
